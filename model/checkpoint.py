@@ -1,0 +1,120 @@
+"""The model directory format: load and save, with device and dtype placement.
+
+A model directory holds:
+  config.json        ModelConfig
+  model.safetensors  weights (never pickle)
+  source.spm, target.spm   SentencePiece models (the same file twice for a shared vocabulary)
+  info.json          name and languages: {"name": "en-pt", "source_language": "en", "target_language": "pt"}
+  generation.json    optional default GenerationConfig fields
+  vocab.json         optional list of pieces by model id, when ids are not SentencePiece's own (Marian)
+  MODEL_CARD.md      data, licences, recipe, scores, hardware
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+from safetensors.torch import load_model, save_model
+
+from model.config import ModelConfig
+from model.generation import GenerationConfig
+from model.tokenizer import Tokenizer
+from model.transformer import Transformer
+
+DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
+
+
+@dataclass(frozen=True)
+class ModelInfo:
+    name: str
+    source_language: str
+    target_language: str
+
+    @classmethod
+    def load(cls, path: Path) -> ModelInfo:
+        data = json.loads(path.read_text())
+        return cls(str(data["name"]), str(data["source_language"]), str(data["target_language"]))
+
+
+@dataclass
+class LoadedModel:
+    """A model ready to translate: the network in eval mode on its device, its tokenizer and defaults."""
+
+    path: Path
+    info: ModelInfo
+    model: Transformer
+    tokenizer: Tokenizer
+    generation: GenerationConfig
+    dtype: str
+
+    @property
+    def device(self) -> torch.device:
+        return self.model.device
+
+
+def resolve_device(device: str = "auto") -> torch.device:
+    """'auto' picks CUDA when there is one; asking for CUDA without one is an error, not a fallback."""
+    if device == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    dev = torch.device(device)
+    if dev.type == "cuda" and not torch.cuda.is_available():
+        raise ValueError(f"device {device!r} requested but CUDA is not available")
+    return dev
+
+
+def load_generation_defaults(directory: Path) -> GenerationConfig:
+    path = directory / "generation.json"
+    if not path.exists():
+        return GenerationConfig()
+    return GenerationConfig().update(**json.loads(path.read_text()))
+
+
+def load(directory: Path | str, device: str = "auto", dtype: str = "float32") -> LoadedModel:
+    """Load a model directory onto a device ('auto', 'cpu', 'cuda', 'cuda:1') in a dtype."""
+    directory = Path(directory)
+    if dtype not in DTYPES:
+        raise ValueError(f"dtype must be one of {sorted(DTYPES)}, got {dtype!r}")
+    for name in ("config.json", "model.safetensors", "source.spm", "target.spm", "info.json"):
+        if not (directory / name).is_file():
+            raise FileNotFoundError(f"{directory} is not a model directory: {name} is missing")
+    cfg = ModelConfig.load(directory / "config.json")
+    model = Transformer(cfg)
+    load_model(model, str(directory / "model.safetensors"), strict=True)
+    model = model.to(device=resolve_device(device), dtype=DTYPES[dtype]).eval()
+    vocab_path = directory / "vocab.json"
+    vocab = json.loads(vocab_path.read_text()) if vocab_path.exists() else None
+    tokenizer = Tokenizer.load(directory, cfg.eos_id, cfg.unk_id, vocab)
+    info = ModelInfo.load(directory / "info.json")
+    return LoadedModel(directory, info, model, tokenizer, load_generation_defaults(directory), dtype)
+
+
+def save(
+    directory: Path | str,
+    model: Transformer,
+    info: ModelInfo,
+    source_spm: Path,
+    target_spm: Path,
+    generation: dict[str, Any] | None = None,
+    vocab: list[str] | None = None,
+) -> None:
+    """Write a model directory (weights always saved as float32 on the CPU)."""
+    directory = Path(directory)
+    directory.mkdir(parents=True, exist_ok=True)
+    model.cfg.save(directory / "config.json")
+    cpu = Transformer(model.cfg)
+    cpu.load_state_dict({k: v.detach().float().cpu() for k, v in model.state_dict().items()})
+    save_model(cpu, str(directory / "model.safetensors"))
+    for src, name in ((source_spm, "source.spm"), (target_spm, "target.spm")):
+        if Path(src).resolve() != (directory / name).resolve():
+            shutil.copyfile(src, directory / name)
+    (directory / "info.json").write_text(json.dumps(info.__dict__, indent=2) + "\n")
+    if generation:
+        GenerationConfig().update(**generation)  # refuse invalid defaults before writing them
+        (directory / "generation.json").write_text(json.dumps(generation, indent=2) + "\n")
+    if vocab is not None:
+        (directory / "vocab.json").write_text(json.dumps(vocab, ensure_ascii=False) + "\n")

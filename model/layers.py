@@ -1,0 +1,134 @@
+"""Attention, feed-forward, and the encoder and decoder layers."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from model.cache import LayerCache
+from model.config import ModelConfig
+
+ACTIVATION_FUNCTIONS: dict[str, Callable[[Tensor], Tensor]] = {"relu": F.relu, "gelu": F.gelu, "swish": F.silu}
+
+
+def sinusoidal_table(n_positions: int, d: int) -> Tensor:
+    """Positions as [sin | cos] halves over one set of frequencies (the Marian layout)."""
+    inv_freq = torch.pow(10000.0, -torch.arange(0, d, 2, dtype=torch.float64) / d)  # (d/2,)
+    angles = torch.arange(n_positions, dtype=torch.float64)[:, None] * inv_freq  # (P, d/2)
+    return torch.cat([angles.sin(), angles.cos()], dim=1).float()  # (P, d)
+
+
+class Attention(nn.Module):
+    """Multi-head attention through scaled_dot_product_attention; K/V may come from a cache."""
+
+    def __init__(self, d: int, n_heads: int, dropout: float = 0.0) -> None:
+        super().__init__()
+        self.n_heads = n_heads
+        self.dropout = dropout
+        self.q_proj = nn.Linear(d, d)
+        self.k_proj = nn.Linear(d, d)
+        self.v_proj = nn.Linear(d, d)
+        self.out_proj = nn.Linear(d, d)
+
+    def heads(self, x: Tensor) -> Tensor:
+        B, T, _ = x.shape
+        return x.view(B, T, self.n_heads, -1).transpose(1, 2)  # (B, H, T, Dh)
+
+    def project_kv(self, x: Tensor) -> tuple[Tensor, Tensor]:
+        return self.heads(self.k_proj(x)), self.heads(self.v_proj(x))
+
+    def attend(self, q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, causal: bool = False) -> Tensor:
+        p = self.dropout if self.training else 0.0
+        y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=p, is_causal=causal)
+        B, _, T, _ = y.shape
+        return self.out_proj(y.transpose(1, 2).reshape(B, T, -1))
+
+    def forward(self, x: Tensor, memory: Tensor, mask: Tensor | None, causal: bool = False) -> Tensor:
+        """Attention of x over memory (x itself for self-attention); mask is (B, 1, 1|T, S) bool, True = keep."""
+        k, v = self.project_kv(memory)
+        return self.attend(self.heads(self.q_proj(x)), k, v, mask, causal)
+
+
+class FeedForward(nn.Module):
+    def __init__(self, d: int, d_ff: int, activation: str, dropout: float) -> None:
+        super().__init__()
+        self.fc1 = nn.Linear(d, d_ff)
+        self.fc2 = nn.Linear(d_ff, d)
+        self.act: Callable[[Tensor], Tensor] = ACTIVATION_FUNCTIONS[activation]
+        self.dropout = nn.Dropout(dropout)
+
+    def forward(self, x: Tensor) -> Tensor:
+        return self.fc2(self.dropout(self.act(self.fc1(x))))
+
+
+class Residual(nn.Module):
+    """A sublayer with its residual connection and LayerNorm, placed before (pre) or after (post)."""
+
+    def __init__(self, d: int, pre_norm: bool, eps: float, dropout: float) -> None:
+        super().__init__()
+        self.norm = nn.LayerNorm(d, eps=eps)
+        self.pre_norm = pre_norm
+        self.dropout = nn.Dropout(dropout)
+
+    def inp(self, x: Tensor) -> Tensor:
+        return self.norm(x) if self.pre_norm else x
+
+    def out(self, x: Tensor, y: Tensor) -> Tensor:
+        x = x + self.dropout(y)
+        return x if self.pre_norm else self.norm(x)
+
+
+class EncoderLayer(nn.Module):
+    def __init__(self, cfg: ModelConfig) -> None:
+        super().__init__()
+        pre = cfg.norm == "pre"
+        self.self_attn = Attention(cfg.d_model, cfg.n_heads, cfg.attention_dropout)
+        self.self_res = Residual(cfg.d_model, pre, cfg.layer_norm_eps, cfg.dropout)
+        self.ff = FeedForward(cfg.d_model, cfg.d_ff, cfg.activation, cfg.dropout)
+        self.ff_res = Residual(cfg.d_model, pre, cfg.layer_norm_eps, cfg.dropout)
+
+    def forward(self, x: Tensor, mask: Tensor) -> Tensor:
+        h = self.self_res.inp(x)
+        x = self.self_res.out(x, self.self_attn(h, h, mask))
+        return self.ff_res.out(x, self.ff(self.ff_res.inp(x)))
+
+
+class DecoderLayer(nn.Module):
+    def __init__(self, cfg: ModelConfig) -> None:
+        super().__init__()
+        pre = cfg.norm == "pre"
+        self.self_attn = Attention(cfg.d_model, cfg.n_heads, cfg.attention_dropout)
+        self.self_res = Residual(cfg.d_model, pre, cfg.layer_norm_eps, cfg.dropout)
+        self.cross_attn = Attention(cfg.d_model, cfg.n_heads, cfg.attention_dropout)
+        self.cross_res = Residual(cfg.d_model, pre, cfg.layer_norm_eps, cfg.dropout)
+        self.ff = FeedForward(cfg.d_model, cfg.d_ff, cfg.activation, cfg.dropout)
+        self.ff_res = Residual(cfg.d_model, pre, cfg.layer_norm_eps, cfg.dropout)
+
+    def forward(self, x: Tensor, memory: Tensor, src_mask: Tensor) -> Tensor:
+        """Training / full recomputation: causal self-attention over all of x."""
+        h = self.self_res.inp(x)
+        x = self.self_res.out(x, self.self_attn(h, h, None, causal=True))
+        x = self.cross_res.out(x, self.cross_attn(self.cross_res.inp(x), memory, src_mask))
+        return self.ff_res.out(x, self.ff(self.ff_res.inp(x)))
+
+    def step(self, x: Tensor, cache: LayerCache, pos: Tensor, self_mask: Tensor, cross_mask: Tensor) -> Tensor:
+        """One new token per row: x (B, 1, D); row b sits at position pos[b] of its own sequence."""
+        B = x.shape[0]
+        h = self.self_res.inp(x)
+        q = self.self_attn.heads(self.self_attn.q_proj(h))  # (B, H, 1, Dh)
+        k, v = self.self_attn.project_kv(h)  # (B, H, 1, Dh)
+        k_all, v_all = cache.write_self(B, pos, k, v, self_mask.shape[-1])  # (B, H, T, Dh)
+        x = self.self_res.out(x, self.self_attn.attend(q, k_all, v_all, self_mask))
+        h = self.cross_res.inp(x)
+        q = self.cross_attn.heads(self.cross_attn.q_proj(h))
+        ck, cv = cache.cross(B, cross_mask.shape[-1])  # (B, H, S, Dh)
+        x = self.cross_res.out(x, self.cross_attn.attend(q, ck, cv, cross_mask))
+        return self.ff_res.out(x, self.ff(self.ff_res.inp(x)))
+
+
+def embed_scale(cfg: ModelConfig) -> float:
+    return math.sqrt(cfg.d_model) if cfg.scale_embedding else 1.0

@@ -1,0 +1,237 @@
+"""Model training (`tolk train`): resumable, token-bucketed, label-smoothed, inverse-sqrt warm-up,
+gradient accumulation, checkpoint averaging, BLEU/chrF on dev as it goes; CPU and CUDA (bf16) alike.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import math
+import time
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+import sentencepiece as spm
+import torch
+import torch.nn.functional as F
+from safetensors.torch import load_file, save_file
+
+from model import checkpoint
+from model.batching import collate, make_batches
+from model.config import ModelConfig
+from model.evaluate import score, translate_lines
+from model.generation import GenerationConfig
+from model.tokenizer import Tokenizer
+from model.transformer import Transformer
+from model.vocab import encode_file, train_vocab
+
+log = logging.getLogger(__name__)
+
+# Deep encoder, shallow decoder: the decoder runs once per generated token, the encoder once per sentence.
+ARCHITECTURES: dict[str, dict[str, Any]] = {
+    "tiny": dict(d_model=64, n_heads=4, encoder_layers=2, decoder_layers=1, d_ff=256),
+    "small": dict(d_model=256, n_heads=4, encoder_layers=6, decoder_layers=2, d_ff=1024),
+    "medium": dict(d_model=384, n_heads=6, encoder_layers=6, decoder_layers=2, d_ff=1536),
+    "base": dict(d_model=512, n_heads=8, encoder_layers=12, decoder_layers=2, d_ff=2048),
+}
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--corpus", type=Path, default=Path("data/corpus"), help="train/dev .en/.pt files")
+    p.add_argument("--run", type=Path, default=Path("runs/en-pt"), help="run directory (resumes if present)")
+    p.add_argument("--arch", choices=sorted(ARCHITECTURES), default="small")
+    p.add_argument("--vocab-size", type=int, default=8000)
+    p.add_argument("--max-tokens", type=int, default=4096, help="padded tokens per micro-batch")
+    p.add_argument("--accum", type=int, default=1, help="micro-batches per optimizer step")
+    p.add_argument("--max-len", type=int, default=128, help="longest sentence kept, in tokens")
+    p.add_argument("--lr", type=float, default=1e-3)
+    p.add_argument("--warmup", type=int, default=1500)
+    p.add_argument("--label-smoothing", type=float, default=0.1)
+    p.add_argument("--dropout", type=float, default=0.1)
+    p.add_argument("--max-steps", type=int, default=100_000)
+    p.add_argument("--max-hours", type=float, default=0.0, help="stop after this long (0 = no limit)")
+    p.add_argument("--eval-every", type=int, default=1000)
+    p.add_argument("--save-every", type=int, default=500)
+    p.add_argument("--average", type=int, default=5, help="snapshots averaged on export")
+    p.add_argument("--dev-sentences", type=int, default=400)
+    p.add_argument("--device", default="auto")
+    p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--seed", type=int, default=1)
+    p.add_argument("--export", type=Path, default=None, help="write the averaged model directory here and stop")
+
+
+def lr_at(step: int, peak: float, warmup: int) -> float:
+    """Inverse square root schedule with linear warm-up."""
+    step = max(step, 1)
+    return peak * min(step / warmup, math.sqrt(warmup / step))
+
+
+def build_config(args: argparse.Namespace, vocab_size: int) -> ModelConfig:
+    return ModelConfig(
+        src_vocab_size=vocab_size, tgt_vocab_size=vocab_size, activation="relu", norm="pre",
+        share_embeddings=True, tie_output=True, output_bias=False, max_positions=512,
+        pad_id=0, bos_id=1, eos_id=2, unk_id=3, decoder_start_id=1, dropout=args.dropout,
+        **ARCHITECTURES[args.arch],
+    )
+
+
+def snapshots(run: Path) -> list[Path]:
+    return sorted(run.glob("snapshot_*.safetensors"), key=lambda p: int(p.stem.split("_")[1]))
+
+
+def save_snapshot(run: Path, model: Transformer, step: int, keep: int) -> None:
+    state: dict[str, torch.Tensor] = {}
+    seen: set[int] = set()
+    for k, v in model.state_dict().items():
+        if v.data_ptr() not in seen:  # tied tables once; load_state_dict(strict=False) re-ties them
+            seen.add(v.data_ptr())
+            state[k] = v.detach().float().cpu().contiguous()
+    save_file(state, str(run / f"snapshot_{step}.safetensors"))
+    for old in snapshots(run)[:-keep]:
+        old.unlink()
+
+
+def averaged(run: Path, cfg: ModelConfig, count: int) -> Transformer:
+    """Mean of the last `count` snapshots' weights."""
+    paths = snapshots(run)[-count:]
+    if not paths:
+        raise FileNotFoundError(f"no snapshots in {run}")
+    total: dict[str, torch.Tensor] = {}
+    for path in paths:
+        for k, v in load_file(str(path)).items():
+            total[k] = total.get(k, torch.zeros_like(v)) + v / len(paths)
+    model = Transformer(replace(cfg, dropout=0.0))
+    model.load_state_dict(total, strict=False)
+    log.info("averaged %d snapshots: %s", len(paths), [p.stem for p in paths])
+    return model.eval()
+
+
+def export(args: argparse.Namespace, cfg: ModelConfig, spm_path: Path) -> None:
+    model = averaged(args.run, cfg, args.average)
+    info = checkpoint.ModelInfo("en-pt", "en", "pt")
+    checkpoint.save(args.export, model, info, spm_path, spm_path, generation={"beam_size": 4, "max_new_tokens": 256})
+    log.info("wrote %s", args.export)
+
+
+def evaluate_dev(model: Transformer, sp: Path, src: list[str], ref: list[str]) -> dict[str, float]:
+    tok = Tokenizer(spm.SentencePieceProcessor(model_file=str(sp)),
+                    spm.SentencePieceProcessor(model_file=str(sp)), model.cfg.eos_id, model.cfg.unk_id)
+    model.eval()
+    start = time.perf_counter()
+    hyps = translate_lines(model, tok, src, GenerationConfig(max_new_tokens=160))
+    s = score(hyps, ref, time.perf_counter() - start)
+    model.train()
+    log.info("dev example: %s => %s", src[0], hyps[0])
+    return {"bleu": s.bleu, "chrf": s.chrf, "dev_seconds": s.seconds}
+
+
+def main(args: argparse.Namespace) -> int:
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
+    torch.set_num_threads(args.threads)
+    torch.manual_seed(args.seed)
+    args.run.mkdir(parents=True, exist_ok=True)
+    spm_path = train_vocab([args.corpus / "train.en", args.corpus / "train.pt"], args.run / "spm", args.vocab_size)
+    sp = spm.SentencePieceProcessor(model_file=str(spm_path))
+    cfg_path = args.run / "config.json"
+    cfg = ModelConfig.load(cfg_path) if cfg_path.exists() else build_config(args, sp.get_piece_size())
+    cfg.save(cfg_path)
+    if args.export:
+        export(args, cfg, spm_path)
+        return 0
+    Trainer(args, cfg, sp, spm_path).run()
+    return 0
+
+
+class Trainer:
+    """The training loop's state: model, optimizer, position in the data; saved and restored whole."""
+
+    def __init__(self, args: argparse.Namespace, cfg: ModelConfig, sp: spm.SentencePieceProcessor,
+                 spm_path: Path) -> None:
+        self.args, self.cfg, self.spm_path = args, cfg, spm_path
+        self.device = checkpoint.resolve_device(args.device)
+        run, corpus = args.run, args.corpus
+        self.src = encode_file(sp, corpus / "train.en", run / "train.en.npz")
+        self.tgt = encode_file(sp, corpus / "train.pt", run / "train.pt.npz")
+        n_dev = args.dev_sentences
+        self.dev_src = (corpus / "dev.en").read_text(encoding="utf-8").splitlines()[:n_dev]
+        self.dev_ref = (corpus / "dev.pt").read_text(encoding="utf-8").splitlines()[:n_dev]
+        self.model = Transformer(cfg).to(self.device)
+        self.opt = torch.optim.AdamW(self.model.parameters(), lr=args.lr, betas=(0.9, 0.98), eps=1e-9,
+                                     weight_decay=0.0)
+        self.step, self.epoch, self.position = 0, 0, 0
+        self.state_path = run / "state.pt"
+        if self.state_path.exists():
+            state = torch.load(self.state_path, map_location=self.device, weights_only=True)
+            self.model.load_state_dict(state["model"])
+            self.opt.load_state_dict(state["opt"])
+            self.step, self.epoch, self.position = state["step"], state["epoch"], state["position"]
+            log.info("resumed at step %d (epoch %d, batch %d)", self.step, self.epoch, self.position)
+        log.info("model: %s, %.1fM parameters, %d training pairs, device %s", cfg.to_dict(),
+                 self.model.num_parameters() / 1e6, len(self.src), self.device)
+
+    def save(self) -> None:
+        state = {"model": self.model.state_dict(), "opt": self.opt.state_dict(), "step": self.step,
+                 "epoch": self.epoch, "position": self.position}
+        tmp = self.state_path.with_suffix(".tmp")
+        torch.save(state, tmp)
+        tmp.replace(self.state_path)
+        save_snapshot(self.args.run, self.model, self.step, self.args.average)
+
+    def loss(self, ids: list[int]) -> tuple[torch.Tensor, int]:
+        batch = collate(ids, self.src, self.tgt, self.cfg.pad_id, self.cfg.decoder_start_id)
+        src, tgt_in, labels = (t.to(self.device) for t in batch)
+        with torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=self.device.type == "cuda"):
+            logits = self.model(src, tgt_in)
+        loss = F.cross_entropy(logits.float().transpose(1, 2), labels, ignore_index=self.cfg.pad_id,
+                               label_smoothing=self.args.label_smoothing)
+        return loss, int((src != 0).sum() + (labels != 0).sum())
+
+    def run(self) -> None:
+        from tqdm import tqdm  # training extra
+
+        args = self.args
+        deadline = time.time() + args.max_hours * 3600 if args.max_hours else math.inf
+        log_file = (args.run / "log.jsonl").open("a")
+        bar = tqdm(total=args.max_steps, initial=self.step, dynamic_ncols=True, mininterval=5)
+        self.model.train()
+        tokens, t0 = 0, time.perf_counter()
+        while self.step < args.max_steps and time.time() < deadline:
+            batches = make_batches(self.src, self.tgt, args.max_tokens, args.max_len, args.seed + self.epoch)
+            while self.position + args.accum <= len(batches) and self.step < args.max_steps:
+                for g in self.opt.param_groups:
+                    g["lr"] = lr_at(self.step + 1, args.lr, args.warmup)
+                self.opt.zero_grad(set_to_none=True)
+                total = 0.0
+                for ids in batches[self.position : self.position + args.accum]:
+                    loss, n = self.loss(ids)
+                    (loss / args.accum).backward()
+                    total += float(loss.detach()) / args.accum
+                    tokens += n
+                torch.nn.utils.clip_grad_norm_(self.model.parameters(), 1.0)
+                self.opt.step()
+                self.step += 1
+                self.position += args.accum
+                bar.update(1)
+                if self.step % 50 == 0:
+                    rate = tokens / (time.perf_counter() - t0)
+                    bar.set_postfix(loss=f"{total:.3f}", tok_s=f"{rate:.0f}", epoch=self.epoch)
+                    log_file.write(json.dumps({"step": self.step, "loss": round(total, 4),
+                                               "tokens_per_s": round(rate), "epoch": self.epoch}) + "\n")
+                    log_file.flush()
+                    tokens, t0 = 0, time.perf_counter()
+                if self.step % args.save_every == 0:
+                    self.save()
+                if self.step % args.eval_every == 0:
+                    result = evaluate_dev(self.model, self.spm_path, self.dev_src, self.dev_ref)
+                    log.info("step %d dev %s", self.step, result)
+                    log_file.write(json.dumps({"step": self.step, "dev": result}) + "\n")
+                if time.time() >= deadline:
+                    break
+            else:
+                self.epoch += 1
+                self.position = 0
+        self.save()
+        bar.close()
+        log_file.close()

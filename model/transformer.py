@@ -1,0 +1,110 @@
+"""The encoder-decoder Transformer: forward for training, encode(), and decode_step() over a KV cache."""
+
+from __future__ import annotations
+
+from typing import cast
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from model.cache import KVCache
+from model.config import ModelConfig
+from model.layers import DecoderLayer, EncoderLayer, embed_scale, sinusoidal_table
+
+
+class Transformer(nn.Module):
+    positions: Tensor  # (max_positions, d_model) sinusoidal table, a non-persistent buffer
+
+    def __init__(self, cfg: ModelConfig) -> None:
+        super().__init__()
+        self.cfg = cfg
+        self.src_embed = nn.Embedding(cfg.src_vocab_size, cfg.d_model, padding_idx=cfg.pad_id)
+        self.tgt_embed = self.src_embed if cfg.share_embeddings else nn.Embedding(
+            cfg.tgt_vocab_size, cfg.d_model, padding_idx=cfg.pad_id
+        )
+        self.encoder = nn.ModuleList(EncoderLayer(cfg) for _ in range(cfg.encoder_layers))
+        self.decoder = nn.ModuleList(DecoderLayer(cfg) for _ in range(cfg.decoder_layers))
+        pre = cfg.norm == "pre"
+        self.encoder_norm = nn.LayerNorm(cfg.d_model, eps=cfg.layer_norm_eps) if pre else nn.Identity()
+        self.decoder_norm = nn.LayerNorm(cfg.d_model, eps=cfg.layer_norm_eps) if pre else nn.Identity()
+        self.out_proj = nn.Linear(cfg.d_model, cfg.tgt_vocab_size, bias=False)
+        if cfg.tie_output:
+            self.out_proj.weight = self.tgt_embed.weight
+        self.out_bias = nn.Parameter(torch.zeros(cfg.tgt_vocab_size)) if cfg.output_bias else None
+        self.register_buffer("positions", sinusoidal_table(cfg.max_positions, cfg.d_model), persistent=False)
+        self.scale = embed_scale(cfg)
+        self.dropout = nn.Dropout(cfg.dropout)
+        self.reset_parameters()
+
+    def reset_parameters(self) -> None:
+        for name, p in self.named_parameters():
+            if p.dim() > 1 and "embed" not in name:
+                nn.init.xavier_uniform_(p)
+            elif name.endswith("bias"):
+                nn.init.zeros_(p)
+        for emb in {self.src_embed, self.tgt_embed}:
+            nn.init.normal_(emb.weight, std=self.cfg.d_model**-0.5)
+            with torch.no_grad():
+                emb.weight[self.cfg.pad_id].zero_()
+
+    def embed(self, table: nn.Embedding, ids: Tensor, pos: Tensor) -> Tensor:
+        return self.dropout(table(ids) * self.scale + self.positions[pos].to(table.weight.dtype))
+
+    def logits(self, h: Tensor) -> Tensor:
+        y = F.linear(self.decoder_norm(h), self.out_proj.weight)
+        return y + self.out_bias if self.out_bias is not None else y
+
+    def encode(self, src: Tensor) -> tuple[Tensor, Tensor]:
+        """src (B, S) padded with pad_id -> memory (B, S, D) and source mask (B, S), True = real token."""
+        src_mask = src != self.cfg.pad_id
+        S = src.shape[1]
+        x = self.embed(self.src_embed, src, torch.arange(S, device=src.device))
+        attn_mask = src_mask[:, None, None, :]  # (B, 1, 1, S)
+        for layer in self.encoder:
+            x = layer(x, attn_mask)
+        return self.encoder_norm(x), src_mask
+
+    def decode_full(self, tgt_in: Tensor, memory: Tensor, src_mask: Tensor) -> Tensor:
+        """Decoder over whole target prefixes (B, T) at once -> logits (B, T, V). Training and reference."""
+        T = tgt_in.shape[1]
+        x = self.embed(self.tgt_embed, tgt_in, torch.arange(T, device=tgt_in.device))
+        cross_mask = src_mask[:, None, None, :]
+        for layer in self.decoder:
+            x = layer(x, memory, cross_mask)
+        return self.logits(x)
+
+    def forward(self, src: Tensor, tgt_in: Tensor) -> Tensor:
+        """Teacher-forced logits (B, T, V) for source src (B, S) and target input tgt_in (B, T)."""
+        memory, src_mask = self.encode(src)
+        return self.decode_full(tgt_in, memory, src_mask)
+
+    def cross_kv(self, memory: Tensor) -> list[tuple[Tensor, Tensor]]:
+        """Cross-attention K/V of every decoder layer, computed once per source: (B, H, S, Dh) each."""
+        return [cast(DecoderLayer, layer).cross_attn.project_kv(memory) for layer in self.decoder]
+
+    def decode_step(self, tokens: Tensor, cache: KVCache) -> Tensor:
+        """Advance cache rows 0..B-1 by one token each: tokens (B,) -> logits (B, V)."""
+        B = tokens.shape[0]
+        pos = cache.pos[:B]  # (B,) each row's own position
+        T, S = cache.t_hi + 1, cache.s_hi
+        x = self.embed(self.tgt_embed, tokens[:, None], pos[:, None])  # (B, 1, D)
+        self_mask = (torch.arange(T, device=pos.device) <= pos[:, None])[:, None, None, :]  # (B, 1, 1, T)
+        cross_mask = cache.src_mask[:B, None, None, :S]  # (B, 1, 1, S)
+        for layer, lc in zip(self.decoder, cache.layers, strict=True):
+            x = cast(DecoderLayer, layer).step(x, lc, pos, self_mask, cross_mask)
+        cache.advance(B)
+        return self.logits(x[:, 0])
+
+    def new_cache(self, rows: int, max_src: int, max_tgt: int) -> KVCache:
+        p = self.out_proj.weight
+        cfg = self.cfg
+        max_tgt = min(max_tgt, cfg.max_positions)
+        return KVCache(cfg.decoder_layers, rows, cfg.n_heads, cfg.head_dim, max_src, max_tgt, p.device, p.dtype)
+
+    @property
+    def device(self) -> torch.device:
+        return self.out_proj.weight.device
+
+    def num_parameters(self) -> int:
+        return sum(p.numel() for p in self.parameters())
