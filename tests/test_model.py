@@ -1,0 +1,235 @@
+"""The model core: cached decoding equals recomputation, batching is invisible, search behaves."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from model import checkpoint
+from model.batch import DecodeBatch, FinishEvent, TokenEvent
+from model.generation import GenerationConfig
+from model.search import beam_search, generate, greedy, sample
+from model.transformer import Transformer
+from tests.tiny import tiny_config, tiny_model
+
+SOURCES = ["Open the file.", "Save changes before closing the settings window.", "Error", "Click here to continue."]
+
+
+@pytest.fixture(scope="module")
+def loaded(tiny_loaded: checkpoint.LoadedModel) -> checkpoint.LoadedModel:
+    return tiny_loaded
+
+
+@pytest.fixture(scope="module")
+def sources(loaded: checkpoint.LoadedModel) -> list[list[int]]:
+    return [loaded.tokenizer.encode(s) for s in SOURCES]
+
+
+def greedy_by_recomputation(model: Transformer, src: list[int], max_new: int) -> list[int]:
+    """Reference decoder: the whole prefix through the full decoder at every step, no cache."""
+    cfg = model.cfg
+    out = [cfg.decoder_start_id]
+    with torch.no_grad():
+        for _ in range(max_new):
+            logits = model(torch.tensor([src]), torch.tensor([out]))[0, -1]
+            logits[[cfg.pad_id, cfg.bos_id]] = float("-inf")
+            token = int(logits.argmax())
+            if token == cfg.eos_id:
+                break
+            out.append(token)
+    return out[1:]
+
+
+@pytest.mark.parametrize("norm", ["post", "pre"])
+def test_cached_logits_equal_full_recomputation(norm: str) -> None:
+    model = tiny_model(tiny_config(norm=norm, activation="gelu"))
+    src = torch.tensor([[5, 6, 7, 8, 9, 2], [10, 11, 2, 0, 0, 0]])
+    tgt = torch.tensor([[1, 12, 13, 14, 15], [1, 16, 17, 18, 19]])
+    with torch.no_grad():
+        full = model(src, tgt)  # (2, 5, V)
+        cache = model.new_cache(rows=2, max_src=6, max_tgt=8)
+        memory, mask = model.encode(src)
+        cache.admit(0, model.cross_kv(memory), mask)
+        steps = [model.decode_step(tgt[:, t], cache) for t in range(tgt.shape[1])]
+    torch.testing.assert_close(torch.stack(steps, 1), full, atol=1e-5, rtol=1e-4)
+
+
+def test_greedy_equals_recomputation(loaded: checkpoint.LoadedModel, sources: list[list[int]]) -> None:
+    cached = greedy(loaded.model, sources, max_new_tokens=20)
+    reference = [greedy_by_recomputation(loaded.model, s, 20) for s in sources]
+    assert cached == reference
+    assert any(len(c) < 20 for c in cached), "the tiny model should end some sentences with eos"
+
+
+def test_padded_batch_equals_each_alone(loaded: checkpoint.LoadedModel, sources: list[list[int]]) -> None:
+    config = GenerationConfig(max_new_tokens=20)
+    together = generate(loaded.model, sources, config)
+    alone = [generate(loaded.model, [s], config)[0] for s in sources]
+    assert [h[0].tokens for h in together] == [h[0].tokens for h in alone]
+    for a, b in zip(together, alone, strict=True):
+        assert a[0].score == pytest.approx(b[0].score, abs=1e-4)
+
+
+def test_rows_admitted_at_different_steps_decode_as_alone(
+    loaded: checkpoint.LoadedModel, sources: list[list[int]]
+) -> None:
+    greedy_cfg = GenerationConfig(max_new_tokens=20)
+    beam_cfg = GenerationConfig(beam_size=3, max_new_tokens=20)
+    plan = [(0, 0, greedy_cfg), (1, 2, beam_cfg), (3, 2, greedy_cfg), (5, 1, greedy_cfg), (7, 3, beam_cfg)]
+    batch = DecodeBatch(loaded.model, rows=8, max_src=32, max_tgt=24)
+    results: dict[int, list[int]] = {}
+    streamed: dict[int, list[int]] = {}
+    step = 0
+    pending = list(enumerate(plan))
+    while len(results) < len(plan):
+        while pending and pending[0][1][0] <= step and pending[0][1][2].beam_size <= batch.free_rows:
+            k, (_, i, c) = pending.pop(0)  # joins mid-flight, in rows others have just freed
+            batch.admit([(k, sources[i], c)])
+        for event in batch.step():
+            if isinstance(event, TokenEvent):
+                streamed.setdefault(int(event.key), []).append(event.token)  # type: ignore[call-overload]
+            elif isinstance(event, FinishEvent):
+                results[int(event.key)] = event.hypotheses[0].tokens  # type: ignore[call-overload]
+        step += 1
+    assert batch.n == 0 and batch.cache.t_hi == 0
+    for k, (_, i, c) in enumerate(plan):
+        assert results[k] == generate(loaded.model, [sources[i]], c)[0][0].tokens, f"sequence {k}"
+        if c.beam_size == 1:
+            assert streamed.get(k, []) == results[k]
+
+
+def test_cancel_frees_rows_and_leaves_others_intact(loaded: checkpoint.LoadedModel, sources: list[list[int]]) -> None:
+    config = GenerationConfig(max_new_tokens=20)
+    batch = DecodeBatch(loaded.model, rows=4, max_src=32, max_tgt=24)
+    batch.admit([("a", sources[0], config), ("b", sources[1], GenerationConfig(beam_size=2, max_new_tokens=20)),
+                 ("c", sources[3], config)])
+    batch.step()
+    assert batch.free_rows == 0
+    assert batch.cancel("b") and not batch.cancel("b")
+    assert batch.free_rows == 2
+    out: dict[str, list[int]] = {"a": [], "c": []}
+    first = {"a": generate(loaded.model, [sources[0]], config)[0][0].tokens[:1]}
+    while len(batch):
+        for event in batch.step():
+            if isinstance(event, FinishEvent):
+                out[str(event.key)] = event.hypotheses[0].tokens
+    assert out["a"] == generate(loaded.model, [sources[0]], config)[0][0].tokens
+    assert out["c"] == generate(loaded.model, [sources[3]], config)[0][0].tokens
+    assert out["a"][:1] == first["a"]
+
+
+def test_beam_one_equals_greedy(loaded: checkpoint.LoadedModel, sources: list[list[int]]) -> None:
+    beams = beam_search(loaded.model, sources, beam_size=1, max_new_tokens=20)
+    assert [h[0].tokens for h in beams] == greedy(loaded.model, sources, max_new_tokens=20)
+
+
+def test_nbest_is_sorted_and_distinct(loaded: checkpoint.LoadedModel, sources: list[list[int]]) -> None:
+    for hyps in beam_search(loaded.model, sources, beam_size=4, num_hypotheses=4, max_new_tokens=20):
+        assert len(hyps) == 4
+        scores = [h.score for h in hyps]
+        assert scores == sorted(scores, reverse=True)
+        assert len({tuple(h.tokens) for h in hyps}) == 4
+
+
+def test_beam_search_finds_at_least_the_greedy_score(loaded: checkpoint.LoadedModel, sources: list[list[int]]) -> None:
+    config = GenerationConfig(beam_size=4, length_penalty=0.0, max_new_tokens=20)
+    greedy_hyps = generate(loaded.model, sources, GenerationConfig(max_new_tokens=20))
+    for beam, g in zip(generate(loaded.model, sources, config), greedy_hyps, strict=True):
+        if g[0].finish_reason == "eos":
+            assert beam[0].score >= g[0].score - 1e-4
+
+
+def test_sampling_is_reproducible_by_seed_and_batch_independent(
+    loaded: checkpoint.LoadedModel, sources: list[list[int]]
+) -> None:
+    a = sample(loaded.model, sources, seed=7, max_new_tokens=12)
+    b = sample(loaded.model, sources, seed=7, max_new_tokens=12)
+    alone = sample(loaded.model, sources[1:2], seed=7, max_new_tokens=12)
+    other = sample(loaded.model, sources, seed=8, max_new_tokens=12)
+    assert a == b
+    assert alone[0] == a[1]
+    assert other != a
+
+
+def test_sampling_respects_top_k_one(loaded: checkpoint.LoadedModel, sources: list[list[int]]) -> None:
+    sampled = sample(loaded.model, sources, seed=3, top_k=1, temperature=2.0, max_new_tokens=12)
+    assert sampled == greedy(loaded.model, sources, max_new_tokens=12)
+
+
+def test_rows_with_different_settings_share_a_batch(loaded: checkpoint.LoadedModel, sources: list[list[int]]) -> None:
+    configs = [
+        GenerationConfig(max_new_tokens=20),
+        GenerationConfig(beam_size=4, num_hypotheses=2, max_new_tokens=20),
+        GenerationConfig(do_sample=True, seed=5, top_p=0.9, temperature=0.7, max_new_tokens=20),
+        GenerationConfig(repetition_penalty=1.5, no_repeat_ngram_size=2, min_new_tokens=3, max_new_tokens=20),
+    ]
+    mixed = generate(loaded.model, sources, configs)
+    for src, config, hyps in zip(sources, configs, mixed, strict=True):
+        assert [h.tokens for h in hyps] == [h.tokens for h in generate(loaded.model, [src], config)[0]]
+
+
+def test_length_limits_and_no_repeat_ngram(loaded: checkpoint.LoadedModel, sources: list[list[int]]) -> None:
+    short = generate(loaded.model, sources, GenerationConfig(max_new_tokens=3))
+    assert all(len(h[0].tokens) <= 3 for h in short)
+    assert any(h[0].finish_reason == "length" for h in short)
+    long = generate(loaded.model, sources, GenerationConfig(min_new_tokens=15, max_new_tokens=20))
+    assert all(len(h[0].tokens) >= 15 for h in long)
+    for hyps in generate(loaded.model, sources, GenerationConfig(no_repeat_ngram_size=2, max_new_tokens=20)):
+        toks = hyps[0].tokens
+        bigrams = list(zip(toks, toks[1:], strict=False))
+        assert len(bigrams) == len(set(bigrams))
+
+
+def test_repetition_penalty_changes_only_seen_tokens() -> None:
+    from model.logits import repetition_penalty
+
+    logits = torch.tensor([[2.0, -1.0, 0.5, 3.0], [1.0, 1.0, 1.0, 1.0]])
+    history = torch.tensor([[3, 1, 0], [2, 2, 0]])
+    repetition_penalty(logits, history, torch.tensor([2, 1]), torch.tensor([2.0, 4.0]))
+    assert logits.tolist() == [[2.0, -2.0, 0.5, 1.5], [1.0, 1.0, 0.25, 1.0]]
+
+
+@pytest.mark.parametrize(
+    "field,value",
+    [("beam_size", 0), ("beam_size", 100), ("temperature", 0.0), ("temperature", -1.0), ("top_p", 1.5),
+     ("top_p", 0.0), ("top_k", -1), ("max_new_tokens", 0), ("max_new_tokens", 10**6), ("repetition_penalty", 0.0),
+     ("no_repeat_ngram_size", -2), ("num_hypotheses", 5), ("seed", -1), ("do_sample", "yes")],
+)
+def test_bad_settings_raise_naming_the_field(field: str, value: object) -> None:
+    with pytest.raises(ValueError, match=field):
+        GenerationConfig(**{field: value})  # type: ignore[arg-type]
+
+
+def test_sampling_with_beams_and_unknown_settings_raise() -> None:
+    with pytest.raises(ValueError, match="do_sample"):
+        GenerationConfig(beam_size=4, do_sample=True)
+    with pytest.raises(ValueError, match="beam_width"):
+        GenerationConfig().update(beam_width=3)
+    with pytest.raises(ValueError, match="min_new_tokens"):
+        GenerationConfig(min_new_tokens=30, max_new_tokens=10)
+
+
+def test_admission_refuses_what_does_not_fit(loaded: checkpoint.LoadedModel, sources: list[list[int]]) -> None:
+    batch = DecodeBatch(loaded.model, rows=2, max_src=8, max_tgt=8)
+    with pytest.raises(ValueError, match="rows"):
+        batch.admit([("x", sources[0], GenerationConfig(beam_size=3))])
+    with pytest.raises(ValueError, match="source length"):
+        batch.admit([("x", list(range(4, 20)), GenerationConfig())])
+    assert batch.free_rows == 2
+
+
+def test_beam_scores_equal_teacher_forced_log_probs(loaded: checkpoint.LoadedModel, sources: list[list[int]]) -> None:
+    """Each hypothesis' score is its log-probability recomputed from scratch (catches stale beam caches)."""
+    model, cfg = loaded.model, loaded.model.cfg
+    config = GenerationConfig(beam_size=4, num_hypotheses=4, length_penalty=0.0, max_new_tokens=20)
+    checked = 0
+    for src, hyps in zip(sources, generate(model, sources, config), strict=True):
+        for h in hyps:
+            targets = h.tokens + ([cfg.eos_id] if h.finish_reason == "eos" else [])
+            with torch.no_grad():
+                logits = model(torch.tensor([src]), torch.tensor([[cfg.decoder_start_id] + targets[:-1]]))[0]
+            logits[:, [cfg.pad_id, cfg.bos_id]] = float("-inf")
+            logp = logits.log_softmax(-1).gather(1, torch.tensor(targets)[:, None]).sum()
+            assert h.score == pytest.approx(float(logp), abs=1e-3)
+            checked += 1
+    assert checked == 4 * len(sources)

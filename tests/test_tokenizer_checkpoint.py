@@ -1,0 +1,87 @@
+"""Tokenizer round-trips, streaming detokenization, and the model directory format."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+from model import checkpoint
+from model.search import greedy
+from model.tokenizer import REPLACEMENT
+
+TEXTS = ["Open the file.", "Salvar configurações não é possível: ação.", "Disk full — 100% (ünïcödé ✓ 翻訳)", "a  b"]
+
+
+def test_tokenizer_round_trips(tiny_loaded: checkpoint.LoadedModel) -> None:
+    tok = tiny_loaded.tokenizer
+    for text in TEXTS:
+        ids = tok.encode(text)
+        assert ids[-1] == tok.eos_id
+        assert tok.decode(ids) == " ".join(text.split())  # SentencePiece normalises runs of spaces
+
+
+def test_incremental_detokenizer_never_emits_broken_characters(tiny_loaded: checkpoint.LoadedModel) -> None:
+    tok = tiny_loaded.tokenizer
+    for text in TEXTS:
+        ids = tok.encode(text)[:-1]
+        detok = tok.detokenizer()
+        pieces = [detok.push(i) for i in ids] + [detok.flush()]
+        assert all(REPLACEMENT not in p for p in pieces)
+        assert "".join(pieces) == tok.decode(ids)
+
+
+def test_byte_fallback_pieces_wait_for_the_whole_character(tiny_loaded: checkpoint.LoadedModel) -> None:
+    tok = tiny_loaded.tokenizer
+    ids = tok.encode("翻")[:-1]
+    byte_ids = [i for i in ids if tok.target.is_byte(i)]
+    assert len(byte_ids) == 3, "a CJK character falls back to three UTF-8 bytes in the tiny vocabulary"
+    detok = tok.detokenizer()
+    pieces = [detok.push(i) for i in ids]
+    assert pieces[-1].endswith("翻") and all("翻" not in p for p in pieces[:-1])
+
+
+def test_save_load_round_trip(tiny_loaded: checkpoint.LoadedModel, tmp_path: Path) -> None:
+    src = tiny_loaded.path
+    out = tmp_path / "copy"
+    checkpoint.save(out, tiny_loaded.model, tiny_loaded.info, src / "source.spm", src / "target.spm",
+                    generation={"beam_size": 2, "max_new_tokens": 30})
+    again = checkpoint.load(out, device="cpu")
+    assert again.model.cfg == tiny_loaded.model.cfg
+    assert again.info == tiny_loaded.info
+    assert again.generation.beam_size == 2 and again.generation.max_new_tokens == 30
+    for (name, a), (_, b) in zip(tiny_loaded.model.state_dict().items(), again.model.state_dict().items(),
+                                 strict=True):
+        assert torch.equal(a, b), name
+    assert again.model.out_proj.weight is again.model.tgt_embed.weight  # tying survives the file format
+    sources = [tiny_loaded.tokenizer.encode(t) for t in TEXTS]
+    assert greedy(again.model, sources, 16) == greedy(tiny_loaded.model, sources, 16)
+
+
+def test_load_in_other_dtype(tiny_model_dir: Path) -> None:
+    loaded = checkpoint.load(tiny_model_dir, device="cpu", dtype="bfloat16")
+    assert loaded.model.out_proj.weight.dtype == torch.bfloat16
+    assert greedy(loaded.model, [loaded.tokenizer.encode("Open the file.")], 8)
+
+
+def test_load_refuses_bad_directories_and_options(tiny_model_dir: Path, tmp_path: Path) -> None:
+    with pytest.raises(FileNotFoundError, match="model.safetensors"):
+        (tmp_path / "config.json").write_text((tiny_model_dir / "config.json").read_text())
+        checkpoint.load(tmp_path)
+    with pytest.raises(ValueError, match="dtype"):
+        checkpoint.load(tiny_model_dir, dtype="float8")
+    bad = json.loads((tiny_model_dir / "config.json").read_text()) | {"d_model": 30}
+    with pytest.raises(ValueError, match="d_model"):
+        checkpoint.ModelConfig.from_dict(bad)
+    if not torch.cuda.is_available():
+        with pytest.raises(ValueError, match="CUDA"):
+            checkpoint.resolve_device("cuda")
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device on this machine")
+def test_cuda_matches_cpu(tiny_model_dir: Path, tiny_loaded: checkpoint.LoadedModel) -> None:
+    gpu = checkpoint.load(tiny_model_dir, device="cuda")
+    sources = [tiny_loaded.tokenizer.encode(t) for t in TEXTS]
+    assert greedy(gpu.model, sources, 16) == greedy(tiny_loaded.model, sources, 16)
