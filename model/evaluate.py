@@ -83,3 +83,9 @@ def main(args: argparse.Namespace) -> int:
           f"beam {config.beam_size})")
     print(f"  {result.bleu_signature}\n  {result.chrf_signature}")
     return 0
+
+
+if __name__ == "__main__":
+    _parser = argparse.ArgumentParser(description=__doc__)
+    add_arguments(_parser)
+    raise SystemExit(main(_parser.parse_args()))

@@ -235,3 +235,9 @@ class Trainer:
         self.save()
         bar.close()
         log_file.close()
+
+
+if __name__ == "__main__":
+    _parser = argparse.ArgumentParser(description=__doc__)
+    add_arguments(_parser)
+    raise SystemExit(main(_parser.parse_args()))
