@@ -1,0 +1,41 @@
+# Everything goes through a virtual environment in .venv; torch is pinned and installed first so that pip
+# takes the CPU wheel instead of pulling several GB of CUDA packages.
+PYTHON ?= python3
+VENV ?= .venv
+BIN := $(VENV)/bin
+TORCH ?= torch==2.13.0
+HOST ?= 127.0.0.1
+PORT ?= 8000
+
+.PHONY: setup test serve lint bench corpus train clean
+
+setup: $(VENV)/.installed
+
+$(VENV)/.installed: pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install --quiet --upgrade pip
+	$(BIN)/pip install --quiet $(TORCH)
+	$(BIN)/pip install --quiet -e ".[dev]"
+	touch $@
+
+test: setup
+	$(BIN)/python -m pytest
+
+lint: setup
+	$(BIN)/ruff check .
+	$(BIN)/mypy
+
+serve: setup
+	$(BIN)/tolk serve --host $(HOST) --port $(PORT)
+
+bench: setup
+	$(BIN)/python bench/decode.py
+
+corpus: setup
+	$(BIN)/tolk data build
+
+train: setup
+	$(BIN)/tolk train --corpus data/corpus --run runs/en-pt-small --arch small --max-hours 2
+
+clean:
+	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache
