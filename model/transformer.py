@@ -5,7 +5,6 @@ from __future__ import annotations
 from typing import cast
 
 import torch
-import torch.nn.functional as F
 from torch import Tensor, nn
 
 from model.cache import KVCache
@@ -52,7 +51,7 @@ class Transformer(nn.Module):
         return self.dropout(table(ids) * self.scale + self.positions[pos].to(table.weight.dtype))
 
     def logits(self, h: Tensor) -> Tensor:
-        y = F.linear(self.decoder_norm(h), self.out_proj.weight)
+        y = self.out_proj(self.decoder_norm(h))
         return y + self.out_bias if self.out_bias is not None else y
 
     def encode(self, src: Tensor) -> tuple[Tensor, Tensor]:
