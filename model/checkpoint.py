@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import shutil
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -27,6 +28,7 @@ from model.tokenizer import Tokenizer
 from model.transformer import Transformer
 
 DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
+PRECISIONS = (*DTYPES, "int8")  # int8: float32 model whose linear layers are dynamically quantized (CPU)
 
 
 @dataclass(frozen=True)
@@ -74,18 +76,34 @@ def load_generation_defaults(directory: Path) -> GenerationConfig:
     return GenerationConfig().update(**json.loads(path.read_text()))
 
 
+def quantize_int8(model: Transformer) -> Transformer:
+    """Linear layers (the output projection included) with int8 weights, activations quantized per call.
+
+    On CPUs without fast bf16 this is the quickest precision (see bench/decode.py); its quality cost is
+    measured on the test split in docs/benchmarks.md.
+    """
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # deprecation notices of torch.ao's eager API; torchao succeeds it
+        return torch.ao.quantization.quantize_dynamic(model, {torch.nn.Linear}, dtype=torch.qint8)
+
+
 def load(directory: Path | str, device: str = "auto", dtype: str = "float32") -> LoadedModel:
-    """Load a model directory onto a device ('auto', 'cpu', 'cuda', 'cuda:1') in a dtype."""
+    """Load a model directory onto a device ('auto', 'cpu', 'cuda', 'cuda:1') in a dtype (or 'int8' on the CPU)."""
     directory = Path(directory)
-    if dtype not in DTYPES:
-        raise ValueError(f"dtype must be one of {sorted(DTYPES)}, got {dtype!r}")
+    if dtype not in PRECISIONS:
+        raise ValueError(f"dtype must be one of {PRECISIONS}, got {dtype!r}")
+    dev = resolve_device(device)
+    if dtype == "int8" and dev.type != "cpu":
+        raise ValueError("dtype 'int8' (dynamic quantization) runs on the CPU only")
     for name in ("config.json", "model.safetensors", "source.spm", "target.spm", "info.json"):
         if not (directory / name).is_file():
             raise FileNotFoundError(f"{directory} is not a model directory: {name} is missing")
     cfg = ModelConfig.load(directory / "config.json")
     model = Transformer(cfg)
     load_model(model, str(directory / "model.safetensors"), strict=True)
-    model = model.to(device=resolve_device(device), dtype=DTYPES[dtype]).eval()
+    model = model.to(device=dev, dtype=DTYPES.get(dtype, torch.float32)).eval()
+    if dtype == "int8":
+        model = quantize_int8(model)
     vocab_path = directory / "vocab.json"
     vocab = json.loads(vocab_path.read_text()) if vocab_path.exists() else None
     tokenizer = Tokenizer.load(directory, cfg.eos_id, cfg.unk_id, vocab)

@@ -96,14 +96,14 @@ class Transformer(nn.Module):
         return self.logits(x[:, 0])
 
     def new_cache(self, rows: int, max_src: int, max_tgt: int) -> KVCache:
-        p = self.out_proj.weight
+        p = self.tgt_embed.weight  # out_proj may be a quantized module without a weight tensor
         cfg = self.cfg
         max_tgt = min(max_tgt, cfg.max_positions)
         return KVCache(cfg.decoder_layers, rows, cfg.n_heads, cfg.head_dim, max_src, max_tgt, p.device, p.dtype)
 
     @property
     def device(self) -> torch.device:
-        return self.out_proj.weight.device
+        return self.tgt_embed.weight.device
 
     def num_parameters(self) -> int:
         return sum(p.numel() for p in self.parameters())

@@ -85,3 +85,14 @@ def test_cuda_matches_cpu(tiny_model_dir: Path, tiny_loaded: checkpoint.LoadedMo
     gpu = checkpoint.load(tiny_model_dir, device="cuda")
     sources = [tiny_loaded.tokenizer.encode(t) for t in TEXTS]
     assert greedy(gpu.model, sources, 16) == greedy(tiny_loaded.model, sources, 16)
+
+
+def test_int8_logits_track_float32(tiny_model_dir: Path, tiny_loaded: checkpoint.LoadedModel) -> None:
+    quantized = checkpoint.load(tiny_model_dir, device="cpu", dtype="int8")
+    src = torch.tensor([tiny_loaded.tokenizer.encode(TEXTS[1])])
+    tgt = torch.tensor([[1] + tiny_loaded.tokenizer.encode(TEXTS[1])[:-1]])
+    with torch.no_grad():
+        exact, approx = tiny_loaded.model(src, tgt), quantized.model(src, tgt)
+    assert isinstance(quantized.model.out_proj, torch.ao.nn.quantized.dynamic.Linear)
+    assert (exact.argmax(-1) == approx.argmax(-1)).float().mean() >= 0.9
+    assert torch.corrcoef(torch.stack([exact.flatten(), approx.flatten()]))[0, 1] > 0.99
