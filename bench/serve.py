@@ -1,0 +1,282 @@
+"""Serving benchmark: the real server (uvicorn on loopback) under 1..64 concurrent clients, batched vs unbatched.
+
+Starts two servers on the same model directory, one with continuous batching and one decoding one sentence at a
+time (as LibreTranslate serves), and drives them in turn (alternating, per client count) with closed-loop clients
+that each send one sentence per request. Reports sentences/s, generated tokens/s, p50/p99 latency and, from a
+streamed pass, time to first token; and the engine's own offline throughput (model.search.generate, batch of
+`--rows`) on the same sentences. Prints a table and writes JSON. Never run by the test suite.
+
+    python bench/serve.py --model weights/en-pt
+    python bench/serve.py --random 512x6x8000       # a random OPUS-MT-geometry model (forced-length outputs)
+    python bench/serve.py --tiny --clients 1 8      # the tiny test model, small scale
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import platform
+import random
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import httpx
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from model.checkpoint import ModelInfo, load, save  # noqa: E402
+from model.config import ModelConfig  # noqa: E402
+from model.search import generate  # noqa: E402
+from model.transformer import Transformer  # noqa: E402
+
+SYLLABLES = [c + v for c in "bcdfghjklmnprstvz" for v in "aeiou"] + ["an", "en", "in", "or", "ul", "est"]
+
+
+def synthetic_sentences(n: int, seed: int = 0) -> list[str]:
+    """Sentences of made-up words (5 to 20 words), varied enough for an 8,000-piece SentencePiece model."""
+    rng = random.Random(seed)
+    words = ["".join(rng.choice(SYLLABLES) for _ in range(rng.randint(1, 4))) for _ in range(6000)]
+    return [" ".join(rng.choice(words) for _ in range(rng.randint(5, 20))).capitalize() + "." for _ in range(n)]
+
+
+def random_model_dir(directory: Path, geometry: str) -> Path:
+    """A randomly initialised model: WIDTHxLAYERSxVOCAB (e.g. 512x6x8000, 8 heads, feed-forward 4x width)."""
+    import sentencepiece as spm
+
+    width, layers, vocab = (int(x) for x in geometry.split("x"))
+    if (directory / "config.json").exists():
+        return directory
+    directory.mkdir(parents=True, exist_ok=True)
+    corpus = directory / "corpus.txt"
+    corpus.write_text("\n".join(synthetic_sentences(30000, seed=1)) + "\n")
+    spm.SentencePieceTrainer.train(
+        input=str(corpus), model_prefix=str(directory / "spm"), vocab_size=vocab, model_type="unigram",
+        pad_id=0, bos_id=1, eos_id=2, unk_id=3, byte_fallback=True, hard_vocab_limit=False, minloglevel=2,
+    )
+    size = spm.SentencePieceProcessor(model_file=str(directory / "spm.model")).get_piece_size()
+    torch.manual_seed(0)
+    cfg = ModelConfig(src_vocab_size=size, tgt_vocab_size=size, d_model=width, n_heads=max(1, width // 64),
+                      encoder_layers=layers, decoder_layers=layers, d_ff=4 * width, dropout=0.0)
+    spm_path = directory / "spm.model"
+    save(directory, Transformer(cfg).eval(), ModelInfo(f"random-{geometry}", "en", "pt"), spm_path, spm_path)
+    return directory
+
+
+def start_server(model_dir: Path, port: int, batching: bool, args: argparse.Namespace) -> subprocess.Popen[bytes]:
+    env = {**os.environ, "TOLK_MAX_BATCH_ROWS": str(args.rows), "TOLK_MAX_QUEUE": "100000",
+           "TOLK_REQUEST_TIMEOUT": "600", "TOLK_MAX_NEW_TOKENS": str(max(args.max_new_tokens, 1))}
+    command = [sys.executable, "-m", "server", "--model", str(model_dir), "--port", str(port), "--device",
+               args.device, "--threads", str(args.threads), "--log-level", "warning"]
+    if not batching:
+        command.append("--no-batching")
+    return subprocess.Popen(command, cwd=ROOT, env=env)
+
+
+def wait_ready(url: str, process: subprocess.Popen[bytes], timeout: float = 300.0) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if process.poll() is not None:
+            raise SystemExit(f"server on {url} exited with {process.returncode}")
+        try:
+            if httpx.get(f"{url}/ready", timeout=2).status_code == 200:
+                return
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.3)
+    raise SystemExit(f"server on {url} not ready after {timeout} s")
+
+
+def percentile(values: list[float], q: float) -> float:
+    if not values:
+        return float("nan")
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
+
+
+async def one_request(client: httpx.AsyncClient, url: str, text: str, options: dict[str, Any],
+                      stream: bool) -> tuple[float, float | None, int]:
+    """(latency, time to first token or None, generated tokens) of one request."""
+    body = {"q": text, "source": "en", "target": "pt", "options": {**options, "return_scores": True}}
+    start = time.perf_counter()
+    if not stream:
+        r = await client.post(f"{url}/translate", json=body)
+        r.raise_for_status()
+        return time.perf_counter() - start, None, int(r.json()["details"]["generated_tokens"])
+    first: float | None = None
+    tokens = 0
+    async with client.stream("POST", f"{url}/translate/stream", json=body) as r:
+        r.raise_for_status()
+        event = ""
+        async for line in r.aiter_lines():
+            if line.startswith("event: "):
+                event = line[7:]
+                if event == "token" and first is None:
+                    first = time.perf_counter() - start
+            elif line.startswith("data: ") and event == "done":
+                tokens = int(json.loads(line[6:])["generated_tokens"])
+            elif line.startswith("data: ") and event == "error":
+                raise RuntimeError(line)
+    return time.perf_counter() - start, first, tokens
+
+
+async def drive(url: str, sentences: list[str], clients: int, requests: int, options: dict[str, Any],
+                stream: bool) -> dict[str, Any]:
+    """Closed loop: `clients` tasks each send their next sentence as soon as the previous answer arrives."""
+    queue = iter(range(requests))
+    latencies: list[float] = []
+    ttfts: list[float] = []
+    tokens = 0
+
+    async def client_loop(client: httpx.AsyncClient) -> None:
+        nonlocal tokens
+        for i in queue:
+            latency, ttft, n = await one_request(client, url, sentences[i % len(sentences)], options, stream)
+            latencies.append(latency)
+            tokens += n
+            if ttft is not None:
+                ttfts.append(ttft)
+
+    limits = httpx.Limits(max_connections=clients + 4, max_keepalive_connections=clients + 4)
+    async with httpx.AsyncClient(timeout=600, limits=limits) as client:
+        start = time.perf_counter()
+        await asyncio.gather(*(client_loop(client) for _ in range(clients)))
+        elapsed = time.perf_counter() - start
+    return {
+        "requests": requests, "seconds": elapsed, "sentences_per_s": requests / elapsed,
+        "tokens_per_s": tokens / elapsed, "generated_tokens": tokens,
+        "latency_p50_ms": 1000 * percentile(latencies, 0.5), "latency_p99_ms": 1000 * percentile(latencies, 0.99),
+        "ttft_p50_ms": 1000 * percentile(ttfts, 0.5) if ttfts else None,
+        "ttft_p99_ms": 1000 * percentile(ttfts, 0.99) if ttfts else None,
+    }
+
+
+def offline(model_dir: Path, sentences: list[str], args: argparse.Namespace) -> dict[str, Any]:
+    """The engine alone: model.search.generate over the sentences with `rows` decoding together (best of 2)."""
+    torch.set_num_threads(args.threads)
+    loaded = load(model_dir, device=args.device)
+    config = loaded.generation.update(max_new_tokens=args.max_new_tokens)
+    sources = [loaded.tokenizer.encode(s) for s in sentences]
+    generate(loaded.model, sources[: args.rows], config, max_rows=args.rows)  # warm-up
+    best: dict[str, Any] = {}
+    for _ in range(2):
+        start = time.perf_counter()
+        hyps = generate(loaded.model, sources, config, max_rows=args.rows)
+        elapsed = time.perf_counter() - start
+        tokens = sum(len(h[0].tokens) for h in hyps)
+        if not best or elapsed < best["seconds"]:
+            best = {"sentences": len(sources), "seconds": elapsed, "sentences_per_s": len(sources) / elapsed,
+                    "tokens_per_s": tokens / elapsed, "rows": args.rows}
+    return best
+
+
+def print_table(rows: list[dict[str, Any]]) -> None:
+    head = f"{'clients':>7} {'server':>9} {'stream':>6} {'req':>5} {'sent/s':>8} {'tok/s':>8} {'p50 ms':>8} " \
+           f"{'p99 ms':>8} {'ttft50':>7} {'ttft99':>7}"
+    print(head)
+    print("-" * len(head))
+    for r in rows:
+        ttft50 = f"{r['ttft_p50_ms']:7.0f}" if r["ttft_p50_ms"] is not None else f"{'-':>7}"
+        ttft99 = f"{r['ttft_p99_ms']:7.0f}" if r["ttft_p99_ms"] is not None else f"{'-':>7}"
+        print(f"{r['clients']:>7} {r['server']:>9} {str(r['stream']):>6} {r['requests']:>5} "
+              f"{r['sentences_per_s']:8.2f} {r['tokens_per_s']:8.1f} {r['latency_p50_ms']:8.0f} "
+              f"{r['latency_p99_ms']:8.0f} {ttft50} {ttft99}")
+
+
+def parse_args() -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    source = p.add_mutually_exclusive_group(required=True)
+    source.add_argument("--model", type=Path, help="a model directory")
+    source.add_argument("--random", metavar="WxLxV", help="a random model of this geometry, e.g. 512x6x8000")
+    source.add_argument("--tiny", action="store_true", help="the tiny test model (tests/tiny.py)")
+    p.add_argument("--clients", type=int, nargs="+", default=[1, 8, 32, 64])
+    p.add_argument("--requests", type=int, default=0, help="requests per phase (default: max(32, 2 x clients))")
+    p.add_argument("--stream-requests", type=int, default=0,
+                   help="streamed requests per phase (default: max(16, clients))")
+    p.add_argument("--max-new-tokens", type=int, default=32)
+    p.add_argument("--rows", type=int, default=32, help="cache rows of the batched server and of the offline run")
+    p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--device", default="cpu")
+    p.add_argument("--port", type=int, default=8765)
+    p.add_argument("--work", type=Path, default=Path(tempfile.gettempdir()) / "tolk-bench")
+    p.add_argument("--out", type=Path, default=ROOT / "bench" / "results" / "serve.json")
+    return p.parse_args()
+
+
+def model_directory(args: argparse.Namespace) -> Path:
+    if args.model:
+        return Path(args.model)
+    if args.random:
+        return random_model_dir(args.work / f"random-{args.random}", args.random)
+    from tests.tiny import make_model_dir
+
+    directory = args.work / "tiny"
+    return directory if (directory / "config.json").exists() else make_model_dir(directory)
+
+
+def run_phases(urls: dict[str, str], sentences: list[str], args: argparse.Namespace) -> list[dict[str, Any]]:
+    options = {"max_new_tokens": args.max_new_tokens}
+    rows: list[dict[str, Any]] = []
+    for clients in args.clients:
+        requests = args.requests or max(32, 2 * clients)
+        for stream, n in ((False, requests), (True, args.stream_requests or max(16, clients))):
+            for server, url in urls.items():  # alternate the two servers at every step
+                asyncio.run(drive(url, sentences, min(clients, 4), min(clients, 4), options, stream))  # warm-up
+                result = asyncio.run(drive(url, sentences, clients, n, options, stream))
+                rows.append({"clients": clients, "server": server, "stream": stream, **result})
+                print_table(rows[-1:])
+    return rows
+
+
+def main() -> int:
+    args = parse_args()
+    model_dir = model_directory(args)
+    if args.tiny:
+        from tests.tiny import corpus_lines
+
+        sentences = corpus_lines(512, seed=2)
+    else:
+        sentences = synthetic_sentences(512, seed=2)
+    urls = {"batched": f"http://127.0.0.1:{args.port}", "unbatched": f"http://127.0.0.1:{args.port + 1}"}
+    servers = [start_server(model_dir, args.port, True, args), start_server(model_dir, args.port + 1, False, args)]
+    try:
+        for url, process in zip(urls.values(), servers, strict=True):
+            wait_ready(url, process)
+        rows = run_phases(urls, sentences, args)
+    finally:
+        for process in servers:
+            process.terminate()
+            process.wait(30)
+    reference = offline(model_dir, sentences[: max(args.rows * 4, 128)], args)
+    print(f"\noffline engine, {reference['rows']} rows: {reference['sentences_per_s']:.2f} sentences/s, "
+          f"{reference['tokens_per_s']:.1f} tokens/s\n")
+    print_table(rows)
+    summary: dict[str, Any] = {}
+    for clients in args.clients:
+        json_rows = {r["server"]: r for r in rows if r["clients"] == clients and not r["stream"]}
+        summary[str(clients)] = {
+            "speedup_vs_unbatched": json_rows["batched"]["tokens_per_s"] / json_rows["unbatched"]["tokens_per_s"],
+            "fraction_of_offline": json_rows["batched"]["tokens_per_s"] / reference["tokens_per_s"],
+        }
+        print(f"{clients:>3} clients: batched/unbatched {summary[str(clients)]['speedup_vs_unbatched']:.2f}x, "
+              f"batched/offline {summary[str(clients)]['fraction_of_offline']:.0%} (tokens/s)")
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps({
+        "model": str(model_dir), "device": args.device, "threads": args.threads, "rows": args.rows,
+        "max_new_tokens": args.max_new_tokens, "machine": {"cpu": platform.processor() or platform.machine(),
+                                                           "cores": os.cpu_count(), "torch": torch.__version__},
+        "offline": reference, "phases": rows, "summary": summary,
+    }, indent=2) + "\n")
+    print(f"wrote {args.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

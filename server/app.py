@@ -1,0 +1,74 @@
+"""The app factory. The lifespan loads the models once, starts one scheduler per model, and stops them in finally."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
+from typing import Any
+
+from fastapi import FastAPI
+from fastapi.middleware.cors import CORSMiddleware
+from fastapi.openapi.utils import get_openapi
+from pydantic import BaseModel
+from starlette.concurrency import run_in_threadpool
+
+from server.engine import Engine
+from server.errors import install_handlers
+from server.metrics import Metrics, MetricsMiddleware
+from server.routes import health, info, translate
+from server.routes import settings as settings_routes
+from server.schemas import SettingsUpdate, TranslateRequest
+from server.settings import Settings
+
+log = logging.getLogger(__name__)
+
+
+@asynccontextmanager
+async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+    engine = Engine(app.state.settings, app.state.metrics)
+    try:
+        await run_in_threadpool(engine.start)  # loading weights blocks; the event loop stays free
+        app.state.engine = engine
+        yield
+    finally:
+        app.state.engine = None
+        engine.stop()
+        log.info("schedulers stopped")
+
+
+def _openapi(app: FastAPI, bodies: tuple[type[BaseModel], ...]) -> Callable[[], dict[str, Any]]:
+    """The schema, with the bodies that routes parse themselves (JSON or form) listed among the components."""
+
+    def openapi() -> dict[str, Any]:
+        if app.openapi_schema is None:
+            schema = get_openapi(title=app.title, version=app.version, routes=app.routes,
+                                 description=app.description)
+            components = schema.setdefault("components", {}).setdefault("schemas", {})
+            for model in bodies:
+                body = model.model_json_schema(ref_template="#/components/schemas/{model}")
+                components.update(body.pop("$defs", {}))
+                components[model.__name__] = body
+            app.openapi_schema = schema
+        return app.openapi_schema
+
+    return openapi
+
+
+def create_app(config: Settings | None = None) -> FastAPI:
+    """A Tolk server for these settings (read from TOLK_ environment variables and .env when omitted)."""
+    config = config or Settings()
+    app = FastAPI(title="Tolk", version="0.1.0", lifespan=lifespan,
+                  description="Self-hosted machine translation, LibreTranslate-compatible, with streaming.")
+    app.state.settings = config
+    app.state.metrics = metrics = Metrics()
+    app.state.engine = None
+    install_handlers(app)
+    for module in (translate, info, settings_routes, health):
+        app.include_router(module.router)
+    app.add_middleware(MetricsMiddleware, metrics=metrics)
+    if config.cors_origins:
+        app.add_middleware(CORSMiddleware, allow_origins=config.cors_origins, allow_methods=["GET", "POST"],
+                           allow_headers=["Authorization", "Content-Type"])
+    app.openapi = _openapi(app, (TranslateRequest, SettingsUpdate))  # type: ignore[method-assign]
+    return app

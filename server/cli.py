@@ -1,0 +1,189 @@
+"""The `tolk` console script: serve, translate, and the recipe commands that live in model/.
+
+The recipe commands (data build, train, eval, import-marian, export-marian) come from modules others own; each
+exposes `add_arguments(parser)` and `main(args) -> int`. They are imported while the parser is built, and a module
+that cannot be imported only disables its own command, so `tolk serve` works whatever else is missing.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import logging
+import sys
+from collections.abc import Callable, Iterator
+from functools import partial
+from pathlib import Path
+from typing import Any
+
+log = logging.getLogger("tolk")
+
+Run = Callable[[argparse.Namespace], int]
+
+# (subcommand path, module, function adding its arguments, function running it, help)
+RECIPES: list[tuple[tuple[str, ...], str, str, str, str]] = [
+    (("data", "build"), "model.data.build", "add_arguments", "main", "build the training corpus"),
+    (("train",), "model.train", "add_arguments", "main", "train a model"),
+    (("eval",), "model.evaluate", "add_arguments", "main", "score a model on a test set"),
+    (("import-marian",), "model.marian", "add_import_arguments", "import_main",
+     "import a Hugging Face Marian / OPUS-MT checkpoint (HF_DIR OUT_DIR)"),
+    (("export-marian",), "model.marian", "add_export_arguments", "export_main",
+     "export a model directory as a Hugging Face Marian checkpoint (MODEL_DIR HF_DIR)"),
+]
+
+
+def _unavailable(command: str, module: str, reason: str, args: argparse.Namespace) -> int:
+    print(f"tolk {command} is not available: importing {module} failed ({reason})", file=sys.stderr)
+    return 2
+
+
+def _add_recipe(subparsers: Any, name: str, module: str, add: str, run: str, help_: str, command: str) -> None:
+    parser = subparsers.add_parser(name, help=help_, description=help_)
+    try:
+        mod = importlib.import_module(module)
+        getattr(mod, add)(parser)
+        parser.set_defaults(run=getattr(mod, run))
+    except (ImportError, AttributeError) as exc:
+        parser.add_argument("rest", nargs=argparse.REMAINDER, help=argparse.SUPPRESS)
+        parser.set_defaults(run=partial(_unavailable, command, module, str(exc)))
+
+
+def _serve_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--host", default="127.0.0.1")
+    parser.add_argument("--port", type=int, default=8000)
+    parser.add_argument("--model", action="append", type=Path, metavar="DIR",
+                        help="model directory (repeatable); default: every directory under weights/ or TOLK_MODELS")
+    parser.add_argument("--device", help="auto | cpu | cuda | cuda:N (default: TOLK_DEVICE or auto)")
+    parser.add_argument("--dtype", choices=["float32", "float16", "bfloat16"])
+    parser.add_argument("--threads", type=int, help="torch threads per model")
+    parser.add_argument("--no-batching", action="store_true", help="decode one sentence at a time")
+    parser.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
+    parser.add_argument("--drain-timeout", type=float, metavar="SECONDS",
+                        help="after SIGTERM, how long in-flight requests may finish before they are cancelled "
+                             "(default: TOLK_REQUEST_TIMEOUT + 5)")
+
+
+def serve(args: argparse.Namespace) -> int:
+    """Start uvicorn with create_app; settings come from the environment, then from these flags."""
+    import uvicorn
+
+    from server.app import create_app
+    from server.engine import NoModels, model_dirs
+    from server.settings import Settings
+
+    overrides: dict[str, Any] = {k: v for k, v in (
+        ("models", args.model), ("device", args.device), ("dtype", args.dtype), ("threads", args.threads),
+    ) if v}
+    if args.no_batching:
+        overrides["batching"] = False
+    settings = Settings(**overrides)
+    try:
+        model_dirs(settings)
+    except NoModels as exc:
+        print(f"tolk serve: {exc}", file=sys.stderr)
+        return 2
+    # On SIGTERM uvicorn stops accepting, lets in-flight requests finish, then runs the lifespan's shutdown. No
+    # request outlives request_timeout, so a longer drain would only wait on clients that read too slowly.
+    drain = args.drain_timeout if args.drain_timeout is not None else settings.request_timeout + 5
+    uvicorn.run(create_app(settings), host=args.host, port=args.port, log_level=args.log_level,
+                timeout_graceful_shutdown=max(1, round(drain)))
+    return 0
+
+
+def _translate_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--model", type=Path, metavar="DIR", help="model directory (default: the first under weights/)")
+    parser.add_argument("--device", default="auto")
+    parser.add_argument("--dtype", default="float32", choices=["float32", "float16", "bfloat16"])
+    parser.add_argument("--beam-size", type=int)
+    parser.add_argument("--sample", action="store_true", help="sample instead of the most likely tokens")
+    parser.add_argument("--temperature", type=float)
+    parser.add_argument("--top-k", type=int)
+    parser.add_argument("--top-p", type=float)
+    parser.add_argument("--seed", type=int)
+    parser.add_argument("--max-new-tokens", type=int)
+    parser.add_argument("--batch-lines", type=int, default=256, help="lines translated together")
+    parser.add_argument("--rows", type=int, default=64, help="sequences decoding together")
+
+
+def _chunks(lines: Iterator[str], size: int) -> Iterator[list[str]]:
+    chunk: list[str] = []
+    for line in lines:
+        chunk.append(line.rstrip("\n"))
+        if len(chunk) == size:
+            yield chunk
+            chunk = []
+    if chunk:
+        yield chunk
+
+
+def translate(args: argparse.Namespace) -> int:
+    """Read lines on stdin, write their translations on stdout (no server; sentences batched together)."""
+    from model.checkpoint import load
+    from model.search import generate
+    from server.engine import NoModels, model_dirs
+    from server.settings import Settings
+    from server.translator import join, make_plan
+
+    try:
+        directory = args.model or model_dirs(Settings())[0]
+    except NoModels as exc:
+        print(f"tolk translate: {exc}", file=sys.stderr)
+        return 2
+    loaded = load(directory, device=args.device, dtype=args.dtype)
+    changes = {k: v for k, v in (
+        ("beam_size", args.beam_size), ("temperature", args.temperature), ("top_k", args.top_k),
+        ("top_p", args.top_p), ("seed", args.seed), ("max_new_tokens", args.max_new_tokens),
+    ) if v is not None}
+    if args.sample:
+        changes["do_sample"] = True
+    try:
+        config = loaded.generation.update(**changes)
+    except ValueError as exc:
+        print(f"tolk translate: {exc}", file=sys.stderr)
+        return 2
+    tok = loaded.tokenizer
+    max_src = loaded.model.cfg.max_positions
+    for lines in _chunks(iter(sys.stdin), args.batch_lines):
+        plan = make_plan(lines, tok, html=False, max_source_tokens=max_src)
+        hyps = generate(loaded.model, plan.sources, config, max_rows=args.rows) if plan.sources else []
+        translations = {i: tok.decode(h[0].tokens) for i, h in enumerate(hyps)}
+        for t in range(len(lines)):
+            print(join(plan, t, translations), flush=False)
+        sys.stdout.flush()
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="tolk", description="Tolk: self-hosted machine translation")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    p = sub.add_parser("serve", help="start the translation server")
+    _serve_arguments(p)
+    p.set_defaults(run=serve)
+    p = sub.add_parser("translate", help="translate stdin lines to stdout")
+    _translate_arguments(p)
+    p.set_defaults(run=translate)
+    groups: dict[str, Any] = {}
+    for path, module, add, run, help_ in RECIPES:
+        target = sub
+        if len(path) == 2:
+            if path[0] not in groups:
+                group = sub.add_parser(path[0], help=f"{path[0]} commands")
+                groups[path[0]] = group.add_subparsers(dest=f"{path[0]}_command", metavar="COMMAND", required=True)
+            target = groups[path[0]]
+        _add_recipe(target, path[-1], module, add, run, help_, " ".join(path))
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    run: Run | None = getattr(args, "run", None)
+    if run is None:
+        parser.print_help()
+        return 2
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    return run(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

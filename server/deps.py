@@ -1,0 +1,177 @@
+"""Typed dependencies: the app's engine, settings and metrics; request bodies; API keys."""
+
+from __future__ import annotations
+
+import hmac
+import json
+from typing import Annotated, Any
+from urllib.parse import parse_qsl
+
+from fastapi import Depends, Request
+from pydantic import BaseModel, SecretStr, ValidationError
+from starlette.datastructures import FormData
+from starlette.formparsers import MultiPartException, MultiPartParser
+
+from server.engine import Engine
+from server.errors import (
+    Forbidden,
+    InvalidEncoding,
+    InvalidJSON,
+    InvalidRequest,
+    NotReady,
+    PayloadTooLarge,
+    Unauthorized,
+    from_validation,
+)
+from server.metrics import Metrics
+from server.schemas import GenerationOptions, TranslateRequest
+from server.settings import Settings
+
+
+def get_settings(request: Request) -> Settings:
+    settings: Settings = request.app.state.settings
+    return settings
+
+
+def get_metrics(request: Request) -> Metrics:
+    metrics: Metrics = request.app.state.metrics
+    return metrics
+
+
+def get_engine(request: Request) -> Engine:
+    engine: Engine | None = getattr(request.app.state, "engine", None)
+    if engine is None:
+        raise NotReady("the server is starting")
+    return engine
+
+
+SettingsDep = Annotated[Settings, Depends(get_settings)]
+MetricsDep = Annotated[Metrics, Depends(get_metrics)]
+EngineDep = Annotated[Engine, Depends(get_engine)]
+
+
+async def read_body(request: Request, limit: int) -> bytes:
+    """The body, refused with 413 as soon as it passes the limit (whatever Content-Length claimed)."""
+    declared = request.headers.get("content-length", "")
+    if declared.isdigit() and int(declared) > limit:
+        raise PayloadTooLarge(f"request body of {declared} bytes; the limit is {limit}")
+    chunks: list[bytes] = []
+    size = 0
+    async for chunk in request.stream():
+        size += len(chunk)
+        if size > limit:
+            raise PayloadTooLarge(f"request body over the limit of {limit} bytes")
+        chunks.append(chunk)
+    return b"".join(chunks)
+
+
+def _decode(body: bytes) -> str:
+    try:
+        return body.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise InvalidEncoding(f"request body is not valid UTF-8 (byte {exc.start})") from exc
+
+
+def validate_json(model: type[BaseModel], body: bytes) -> Any:
+    """Parse a JSON body into a model: 400 for bytes that are not UTF-8 JSON, 422 for wrong fields."""
+    text = _decode(body)
+    try:
+        return model.model_validate_json(text)
+    except ValidationError as exc:
+        raise from_validation(exc) from exc
+
+
+def _from_pairs(pairs: list[tuple[str, str]]) -> dict[str, Any]:
+    """Form or query fields as a request: repeated `q` makes a list; options as JSON or as flat fields."""
+    data: dict[str, Any] = {}
+    options: dict[str, Any] = {}
+    qs = [v for k, v in pairs if k == "q"]
+    if qs:
+        data["q"] = qs[0] if len(qs) == 1 else qs
+    for key, value in pairs:
+        if key == "options":
+            try:
+                options.update(json.loads(value))
+            except (ValueError, TypeError) as exc:
+                raise InvalidJSON("options must be a JSON object") from exc
+        elif key in GenerationOptions.model_fields:
+            options[key] = value
+        elif key != "q":
+            data[key] = value
+    if options:
+        data["options"] = options
+    return data
+
+
+async def _form_pairs(request: Request, body: bytes) -> list[tuple[str, str]]:
+    content_type = request.headers.get("content-type", "")
+    if content_type.startswith("multipart/form-data"):
+        async def stream() -> Any:
+            yield body
+
+        try:
+            form: FormData = await MultiPartParser(request.headers, stream()).parse()
+        except MultiPartException as exc:
+            raise InvalidRequest(f"malformed multipart body: {exc.message}") from exc
+        return [(k, v) for k, v in form.multi_items() if isinstance(v, str)]
+    try:
+        return parse_qsl(_decode(body), keep_blank_values=True, errors="strict")
+    except UnicodeDecodeError as exc:
+        raise InvalidEncoding("form field is not valid UTF-8") from exc
+
+
+async def translate_request(request: Request, settings: SettingsDep) -> TranslateRequest:
+    """A TranslateRequest from a JSON body, a form body (urlencoded or multipart), or the query string (GET)."""
+    if request.method == "GET":
+        data = _from_pairs(parse_qsl(request.url.query, keep_blank_values=True))
+    else:
+        body = await read_body(request, settings.max_body_bytes)
+        content_type = request.headers.get("content-type", "application/json")
+        if content_type.startswith(("application/x-www-form-urlencoded", "multipart/form-data")):
+            data = _from_pairs(await _form_pairs(request, body))
+        else:
+            parsed: TranslateRequest = validate_json(TranslateRequest, body)
+            return parsed
+    try:
+        return TranslateRequest.model_validate(data)
+    except ValidationError as exc:
+        raise from_validation(exc) from exc
+
+
+def bearer(request: Request) -> str | None:
+    scheme, _, token = request.headers.get("authorization", "").partition(" ")
+    return token.strip() if scheme.lower() == "bearer" and token.strip() else None
+
+
+def key_matches(given: str, keys: list[SecretStr]) -> bool:
+    """Constant-time comparison against every key (no early exit that would leak which one matched)."""
+    matched = False
+    for key in keys:
+        matched |= hmac.compare_digest(given.encode(), key.get_secret_value().encode())
+    return matched
+
+
+def check_api_key(request: Request, settings: Settings, body_key: str | None) -> None:
+    """When the server has API keys, a request needs one: Authorization: Bearer, or LibreTranslate's api_key."""
+    if not settings.api_keys:
+        return
+    given = bearer(request) or body_key
+    if not given:
+        raise Unauthorized("an API key is required (Authorization: Bearer KEY, or api_key)")
+    if not key_matches(given, settings.api_keys):
+        raise Forbidden("invalid API key")
+
+
+def require_admin(request: Request, settings: SettingsDep) -> None:
+    """Changing the server at run time needs the admin key as a bearer token."""
+    if settings.admin_key is None:
+        raise Forbidden("changing settings at run time is disabled (set TOLK_ADMIN_KEY)")
+    given = bearer(request)
+    if given is None:
+        raise Unauthorized("the admin key is required (Authorization: Bearer KEY)")
+    if not key_matches(given, [settings.admin_key]):
+        raise Forbidden("invalid admin key")
+
+
+TranslateRequestDep = Annotated[TranslateRequest, Depends(translate_request)]
+AdminDep = Annotated[None, Depends(require_admin)]

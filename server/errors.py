@@ -1,0 +1,200 @@
+"""Domain errors and the one table that maps them to HTTP statuses.
+
+Every error a client sees has the body `{"error": str, "error_type": str}`, whether it travels as a JSON
+response or as an SSE `error` event. Stack traces never leave the server.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+from typing import Any
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+from pydantic import ValidationError
+from starlette.exceptions import HTTPException
+
+log = logging.getLogger(__name__)
+
+
+class TolkError(Exception):
+    """Base of the errors a client may see; `error_type` is a stable machine-readable name."""
+
+    error_type = "error"
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message)
+        self.message = message
+
+
+class InvalidRequest(TolkError):
+    error_type = "invalid_request"
+
+
+class InvalidJSON(InvalidRequest):
+    error_type = "invalid_json"
+
+
+class InvalidEncoding(InvalidRequest):
+    error_type = "invalid_encoding"
+
+
+class EmptyText(InvalidRequest):
+    error_type = "empty_text"
+
+
+class InvalidText(InvalidRequest):
+    error_type = "invalid_text"
+
+
+class UnsupportedLanguage(InvalidRequest):
+    error_type = "unsupported_language"
+
+
+class NotFound(TolkError):
+    error_type = "not_found"
+
+
+class MethodNotAllowed(TolkError):
+    error_type = "method_not_allowed"
+
+
+class PayloadTooLarge(TolkError):
+    error_type = "payload_too_large"
+
+
+class ValidationFailed(TolkError):
+    error_type = "validation_error"
+
+
+class InvalidSettings(ValidationFailed):
+    error_type = "invalid_settings"
+
+
+class Unauthorized(TolkError):
+    error_type = "unauthorized"
+
+
+class Forbidden(TolkError):
+    error_type = "forbidden"
+
+
+class Overloaded(TolkError):
+    error_type = "overloaded"
+
+    def __init__(self, message: str, retry_after: int) -> None:
+        super().__init__(message)
+        self.retry_after = retry_after
+
+
+class NotReady(TolkError):
+    error_type = "not_ready"
+
+
+class ShuttingDown(NotReady):
+    error_type = "shutting_down"
+
+
+class ClientClosed(TolkError):
+    """The client went away before its answer; nobody reads this one, but logs and metrics count it."""
+
+    error_type = "client_closed_request"
+
+
+class TimedOut(TolkError):
+    error_type = "timeout"
+
+
+class EngineFailure(TolkError):
+    error_type = "engine_failure"
+
+
+STATUS: dict[type[TolkError], int] = {
+    InvalidRequest: 400,
+    Unauthorized: 401,
+    Forbidden: 403,
+    NotFound: 404,
+    MethodNotAllowed: 405,
+    PayloadTooLarge: 413,
+    ValidationFailed: 422,
+    Overloaded: 429,
+    ClientClosed: 499,  # nginx's convention for a request the client abandoned
+    EngineFailure: 500,
+    NotReady: 503,
+    TimedOut: 504,
+}
+
+
+def status_of(error: TolkError) -> int:
+    """The status of the nearest class in the table (subclasses inherit their parent's)."""
+    for cls in type(error).__mro__:
+        if cls in STATUS:
+            return STATUS[cls]
+    return 500
+
+
+def error_body(error: TolkError) -> dict[str, str]:
+    return {"error": error.message, "error_type": error.error_type}
+
+
+def describe_validation(errors: Sequence[Any], limit: int = 3) -> str:
+    """A short human message from pydantic errors: `options.beam_size: Input should be a valid integer`."""
+    parts: list[str] = []
+    for err in errors:
+        loc = [str(x) for x in err.get("loc", ()) if x not in ("body", "query")]
+        # union members show up as location parts (`str`, `list[str]`); they say nothing to the client
+        loc = [x for x in loc if not (x in {"str", "int", "float", "bool"} or x.startswith(("list[", "function")))]
+        text = f"{'.'.join(loc)}: {err.get('msg', 'invalid')}" if loc else str(err.get("msg", "invalid"))
+        if text not in parts:
+            parts.append(text)
+    return "; ".join(parts[:limit]) or "invalid request"
+
+
+def from_validation(exc: ValidationError) -> TolkError:
+    """Map a pydantic ValidationError to invalid JSON (400) or a field error (422)."""
+    errors = exc.errors()
+    if any(e.get("type") == "json_invalid" for e in errors):
+        return InvalidJSON("request body is not valid JSON")
+    return ValidationFailed(describe_validation(errors))
+
+
+def error_response(request: Request, error: TolkError) -> JSONResponse:
+    """The JSON response for an error; counts it in the app's metrics."""
+    metrics = getattr(request.app.state, "metrics", None)
+    if metrics is not None:
+        metrics.failures.labels(error_type=error.error_type).inc()
+    headers = {"Retry-After": str(error.retry_after)} if isinstance(error, Overloaded) else None
+    return JSONResponse(error_body(error), status_code=status_of(error), headers=headers)
+
+
+_HTTP_TYPES: dict[int, type[TolkError]] = {
+    401: Unauthorized, 403: Forbidden, 404: NotFound, 405: MethodNotAllowed, 413: PayloadTooLarge
+}
+
+
+def install_handlers(app: FastAPI) -> None:
+    """Route every exception through the one table, so no error leaves with another shape."""
+
+    @app.exception_handler(TolkError)
+    async def on_tolk(request: Request, exc: TolkError) -> JSONResponse:
+        return error_response(request, exc)
+
+    @app.exception_handler(RequestValidationError)
+    async def on_validation(request: Request, exc: RequestValidationError) -> JSONResponse:
+        return error_response(request, ValidationFailed(describe_validation(exc.errors())))
+
+    @app.exception_handler(HTTPException)
+    async def on_http(request: Request, exc: HTTPException) -> JSONResponse:
+        error = _HTTP_TYPES.get(exc.status_code, TolkError)(str(exc.detail))
+        response = error_response(request, error)
+        response.status_code = exc.status_code
+        if exc.headers:
+            response.headers.update(exc.headers)
+        return response
+
+    @app.exception_handler(Exception)
+    async def on_unexpected(request: Request, exc: Exception) -> JSONResponse:
+        log.exception("unhandled error on %s %s", request.method, request.url.path)
+        return error_response(request, EngineFailure("internal server error"))

@@ -1,0 +1,80 @@
+"""Prometheus collectors, defined once. Each app gets its own registry, so several apps never clash.
+
+Labels are low-cardinality only: model, route, status, reason, error_type.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Awaitable, Callable, MutableMapping
+from typing import Any
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+
+LATENCY = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0)
+STEP = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0)
+ROWS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024)
+
+Scope = MutableMapping[str, Any]
+Message = MutableMapping[str, Any]
+Receive = Callable[[], Awaitable[Message]]
+Send = Callable[[Message], Awaitable[None]]
+ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
+
+
+class Metrics:
+    """All of the server's collectors on one registry."""
+
+    def __init__(self, registry: CollectorRegistry | None = None) -> None:
+        r = self.registry = registry or CollectorRegistry()
+        self.requests = Counter("tolk_requests", "HTTP requests answered", ["route", "status"], registry=r)
+        self.failures = Counter("tolk_request_failures", "Requests that ended in an error", ["error_type"],
+                                registry=r)
+        self.input_tokens = Counter("tolk_input_tokens", "Source tokens admitted", ["model"], registry=r)
+        self.generated_tokens = Counter("tolk_generated_tokens", "Tokens generated (best hypothesis)",
+                                        ["model", "reason"], registry=r)
+        self.running = Gauge("tolk_requests_running", "Requests with sentences decoding", ["model"], registry=r)
+        self.waiting = Gauge("tolk_requests_waiting", "Requests waiting for cache rows", ["model"], registry=r)
+        self.rows_used = Gauge("tolk_kv_cache_rows_used", "KV cache rows in use", ["model"], registry=r)
+        self.cache_bytes = Gauge("tolk_kv_cache_bytes", "Bytes held by the KV cache", ["model"], registry=r)
+        self.duration = Histogram("tolk_request_duration_seconds", "Time to answer a request", ["route"],
+                                  buckets=LATENCY, registry=r)
+        self.queue = Histogram("tolk_queue_duration_seconds", "Time from submission to first admission",
+                               ["model"], buckets=LATENCY, registry=r)
+        self.ttft = Histogram("tolk_time_to_first_token_seconds", "Time from submission to the first token",
+                              ["model"], buckets=LATENCY, registry=r)
+        self.itl = Histogram("tolk_inter_token_latency_seconds", "Time between tokens of one sentence", ["model"],
+                             buckets=STEP, registry=r)
+        self.batch_rows = Histogram("tolk_batch_rows", "Rows in one decode step", ["model"], buckets=ROWS,
+                                    registry=r)
+        self.step = Histogram("tolk_decode_step_seconds", "Time of one decode step", ["model"], buckets=STEP,
+                              registry=r)
+
+
+class MetricsMiddleware:
+    """Counts every HTTP request by route template and status, and times it until its last byte is sent."""
+
+    def __init__(self, app: ASGIApp, metrics: Metrics) -> None:
+        self.app = app
+        self.metrics = metrics
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        start = time.perf_counter()
+        status = 500
+
+        async def send_status(message: Message) -> None:
+            nonlocal status
+            if message["type"] == "http.response.start":
+                status = message["status"]
+            await send(message)
+
+        try:
+            await self.app(scope, receive, send_status)
+        finally:
+            route = scope.get("route")
+            path = getattr(route, "path", "other")  # the template, never the raw path: bounded cardinality
+            self.metrics.requests.labels(route=path, status=str(status)).inc()
+            self.metrics.duration.labels(route=path).observe(time.perf_counter() - start)

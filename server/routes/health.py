@@ -1,0 +1,30 @@
+"""GET /health (the process is alive), GET /ready (models loaded, schedulers running), GET /metrics."""
+
+from __future__ import annotations
+
+from fastapi import APIRouter, Request, Response
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+
+from server.deps import MetricsDep
+from server.errors import NotReady
+
+router = APIRouter(tags=["health"])
+
+
+@router.get("/health")
+async def health() -> dict[str, str]:
+    return {"status": "ok"}
+
+
+@router.get("/ready")
+async def ready(request: Request) -> dict[str, object]:
+    """200 once every model is loaded and its scheduler runs; 503 before, after, or if one stopped."""
+    engine = getattr(request.app.state, "engine", None)
+    if engine is None or not engine.ready:
+        raise NotReady("models are not loaded or a scheduler is not running")
+    return {"status": "ready", "models": [m.name for m in engine.models]}
+
+
+@router.get("/metrics")
+async def metrics(m: MetricsDep) -> Response:
+    return Response(generate_latest(m.registry), media_type=CONTENT_TYPE_LATEST)

@@ -1,0 +1,34 @@
+"""GET /languages (LibreTranslate's shape) and GET /models (what is loaded, where, how big)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from fastapi import APIRouter
+
+from server.deps import EngineDep
+from server.schemas import Language
+
+router = APIRouter(tags=["info"])
+
+NAMES = {
+    "ar": "Arabic", "ca": "Catalan", "cs": "Czech", "da": "Danish", "de": "German", "el": "Greek", "en": "English",
+    "es": "Spanish", "fi": "Finnish", "fr": "French", "hu": "Hungarian", "it": "Italian", "ja": "Japanese",
+    "ko": "Korean", "nl": "Dutch", "no": "Norwegian", "pl": "Polish", "pt": "Portuguese", "ro": "Romanian",
+    "ru": "Russian", "sv": "Swedish", "tr": "Turkish", "uk": "Ukrainian", "zh": "Chinese",
+}
+
+
+@router.get("/languages", response_model=list[Language])
+async def languages(engine: EngineDep) -> list[Language]:
+    """Each source language with the targets it can be translated into."""
+    targets: dict[str, list[str]] = {}
+    for served in engine.models:
+        targets.setdefault(served.source, []).append(served.target)
+    return [Language(code=code, name=NAMES.get(code, code), targets=sorted(t)) for code, t in sorted(targets.items())]
+
+
+@router.get("/models")
+async def models(engine: EngineDep) -> list[dict[str, Any]]:
+    """The loaded models: languages, device, dtype, parameters, architecture, scheduler state."""
+    return [served.describe() for served in engine.models]

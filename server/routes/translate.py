@@ -1,0 +1,144 @@
+"""POST /translate (LibreTranslate-compatible JSON or form) and /translate/stream (server-sent events)."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator, Awaitable
+from typing import Annotated, Any, TypeVar
+
+from fastapi import APIRouter, Depends, Request
+from fastapi.sse import EventSourceResponse, ServerSentEvent
+
+from server.deps import EngineDep, MetricsDep, SettingsDep, TranslateRequestDep, check_api_key
+from server.engine import Engine, ServedModel
+from server.errors import ClientClosed, EmptyText, InvalidSettings, PayloadTooLarge, TolkError, error_body
+from server.metrics import Metrics
+from server.schemas import DetectedLanguage, ErrorBody, TextDetails, TranslateRequest, TranslateResponse
+from server.settings import Settings
+from server.text import check_text
+from server.translator import PieceEvent, TextResult, Translation
+
+router = APIRouter(tags=["translate"])
+T = TypeVar("T")
+
+REQUEST_BODY = {
+    "content": {
+        "application/json": {"schema": {"$ref": "#/components/schemas/TranslateRequest"}},
+        "application/x-www-form-urlencoded": {"schema": {"$ref": "#/components/schemas/TranslateRequest"}},
+    },
+    "required": True,
+}
+ERRORS: dict[int | str, dict[str, Any]] = {
+    code: {"model": ErrorBody} for code in (400, 401, 403, 413, 422, 429, 500, 503, 504)
+}
+
+
+async def start(request: Request, req: TranslateRequest, engine: Engine, settings: Settings,
+                stream: bool) -> tuple[ServedModel, Translation]:
+    """Check the request and queue its sentences; every refusal happens here, before any answer starts."""
+    check_api_key(request, settings, req.api_key)
+    texts = req.texts
+    if not texts:
+        raise EmptyText("q is empty; there is nothing to translate")
+    if len(texts) > settings.max_texts:
+        raise PayloadTooLarge(f"{len(texts)} texts in one request; the limit is {settings.max_texts}")
+    for i, text in enumerate(texts):
+        check_text(text, i, settings.max_text_chars)
+    if req.alternatives > settings.max_alternatives:
+        raise InvalidSettings(f"alternatives must be at most {settings.max_alternatives}")
+    served = engine.find(req.source, req.target)
+    translation = await served.translate(texts, req.format == "html", req.options.generation(),
+                                         req.alternatives, stream)
+    return served, translation
+
+
+async def _disconnected(request: Request) -> None:
+    """Returns when the client closes the connection (the body has been read already)."""
+    while (await request.receive())["type"] != "http.disconnect":
+        pass
+
+
+async def unless_disconnected(request: Request, work: Awaitable[T]) -> T:
+    """Await work, or raise ClientClosed as soon as the client goes away."""
+    task = asyncio.ensure_future(work)
+    watch = asyncio.ensure_future(_disconnected(request))
+    try:
+        await asyncio.wait({task, watch}, return_when=asyncio.FIRST_COMPLETED)
+        if task.done():
+            return task.result()
+        raise ClientClosed("the client closed the connection")
+    finally:
+        task.cancel()
+        watch.cancel()
+
+
+def _response(req: TranslateRequest, served: ServedModel, results: list[TextResult]) -> TranslateResponse:
+    one = isinstance(req.q, str)
+    response = TranslateResponse(translatedText=results[0].text if one else [r.text for r in results])
+    if req.alternatives:
+        response.alternatives = results[0].alternatives if one else [r.alternatives for r in results]
+    if req.source == "auto":  # no detection: auto means the source language of the only fitting model
+        detected = DetectedLanguage(confidence=0.0, language=served.source)
+        response.detectedLanguage = detected if one else [detected] * len(results)
+    if req.options.return_scores:
+        details = [TextDetails(finish_reason=r.finish_reason, input_tokens=r.input_tokens,
+                               generated_tokens=r.generated_tokens, scores=r.scores) for r in results]
+        response.details = details[0] if one else details
+    return response
+
+
+@router.post("/translate", response_model=TranslateResponse, response_model_exclude_none=True,
+             openapi_extra={"requestBody": REQUEST_BODY}, responses=ERRORS)
+async def translate(request: Request, req: TranslateRequestDep, engine: EngineDep,
+                    settings: SettingsDep) -> TranslateResponse:
+    """Translate a text or a list of texts; long texts are split into sentences that are batched together."""
+    served, translation = await start(request, req, engine, settings, stream=False)
+    try:
+        results = await unless_disconnected(request, translation.results())
+    finally:
+        translation.cancel()
+    return _response(req, served, results)
+
+
+async def stream_translation(request: Request, req: TranslateRequestDep, engine: EngineDep,
+                             settings: SettingsDep) -> AsyncIterator[Translation]:
+    """Start a streamed translation before the response begins (so refusals keep their status); cancel after."""
+    _, translation = await start(request, req, engine, settings, stream=True)
+    try:
+        yield translation
+    finally:
+        translation.cancel()
+
+
+StreamDep = Annotated[Translation, Depends(stream_translation)]
+
+
+async def sse_events(translation: Translation, metrics: Metrics) -> AsyncIterator[ServerSentEvent]:
+    """`token` events with text pieces, a `done` event per text, or an `error` event."""
+    try:
+        async for event in translation.stream():
+            if isinstance(event, PieceEvent):
+                p = event.piece
+                token = {"id": p.token, "text": p.text, "logprob": p.logprob}
+                yield ServerSentEvent(event="token", data={"index": event.index, "token": token})
+                continue
+            r = event.result
+            yield ServerSentEvent(event="done", data={
+                "index": event.index, "translatedText": r.text, "finish_reason": r.finish_reason,
+                "generated_tokens": r.generated_tokens, "input_tokens": r.input_tokens,
+                **({"alternatives": r.alternatives} if translation.alternatives else {}),
+            })
+    except TolkError as exc:
+        metrics.failures.labels(error_type=exc.error_type).inc()
+        yield ServerSentEvent(event="error", data=error_body(exc))
+    finally:
+        translation.cancel()
+
+
+@router.post("/translate/stream", response_class=EventSourceResponse, openapi_extra={"requestBody": REQUEST_BODY},
+             responses=ERRORS)
+@router.get("/translate/stream", response_class=EventSourceResponse, responses=ERRORS)
+async def translate_stream(translation: StreamDep, metrics: MetricsDep) -> AsyncIterator[ServerSentEvent]:
+    """Stream translations as server-sent events (GET takes the same fields as query parameters)."""
+    async for event in sse_events(translation, metrics):
+        yield event

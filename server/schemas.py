@@ -1,0 +1,90 @@
+"""Request and response bodies. /translate follows LibreTranslate's shape, plus `options` and `details`."""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+
+class GenerationOptions(BaseModel):
+    """Per-request generation settings; unset fields take the model's defaults (GET /settings)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    beam_size: int | None = Field(default=None, description="1 = greedy or sampling; >1 = beam search")
+    num_hypotheses: int | None = Field(default=None, description="n-best kept by beam search")
+    length_penalty: float | None = None
+    do_sample: bool | None = None
+    temperature: float | None = None
+    top_k: int | None = None
+    top_p: float | None = None
+    seed: int | None = Field(default=None, description="makes sampling reproducible")
+    repetition_penalty: float | None = None
+    no_repeat_ngram_size: int | None = None
+    min_new_tokens: int | None = None
+    max_new_tokens: int | None = None
+    return_scores: bool = Field(default=False, description="add `details` (scores, token counts) to the answer")
+
+    def generation(self) -> dict[str, Any]:
+        """The fields that change GenerationConfig."""
+        return self.model_dump(exclude_none=True, exclude={"return_scores"})
+
+
+class TranslateRequest(BaseModel):
+    """LibreTranslate's request; `target` may be omitted when only one model serves the source."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    q: str | list[str] = Field(description="a text or a list of texts")
+    source: str = Field(default="auto", description="language code or 'auto' (the only source the target has)")
+    target: str | None = None
+    format: Literal["text", "html"] = "text"
+    alternatives: int = Field(default=0, ge=0, description="extra translations per text (beam search n-best)")
+    api_key: str | None = None
+    options: GenerationOptions = Field(default_factory=GenerationOptions)
+
+    @property
+    def texts(self) -> list[str]:
+        return [self.q] if isinstance(self.q, str) else self.q
+
+
+class DetectedLanguage(BaseModel):
+    confidence: float
+    language: str
+
+
+class TextDetails(BaseModel):
+    finish_reason: str
+    input_tokens: int
+    generated_tokens: int
+    scores: list[float] = Field(description="score of the best hypothesis of each sentence")
+
+
+class TranslateResponse(BaseModel):
+    model_config = ConfigDict(populate_by_name=True)
+
+    translatedText: str | list[str]
+    alternatives: list[str] | list[list[str]] | None = None
+    detectedLanguage: DetectedLanguage | list[DetectedLanguage] | None = None
+    details: TextDetails | list[TextDetails] | None = None
+
+
+class Language(BaseModel):
+    code: str
+    name: str
+    targets: list[str]
+
+
+class SettingsUpdate(BaseModel):
+    """New generation defaults of one model (or of every model when `model` is omitted)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    model: str | None = None
+    defaults: GenerationOptions
+
+
+class ErrorBody(BaseModel):
+    error: str
+    error_type: str

@@ -1,0 +1,69 @@
+"""Server configuration: one pydantic-settings class, read from `TOLK_` environment variables and a `.env` file."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated, Any, Literal
+
+from pydantic import Field, SecretStr, field_validator
+from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
+
+
+def _split_list(value: Any) -> Any:
+    """Environment lists are comma-separated (`TOLK_MODELS=weights/en-pt,weights/en-de`)."""
+    if isinstance(value, str):
+        return [part.strip() for part in value.split(",") if part.strip()]
+    return value
+
+
+class Settings(BaseSettings):
+    """Everything an operator can set. Limits protect the server; defaults of generation live with each model."""
+
+    model_config = SettingsConfigDict(env_prefix="TOLK_", env_file=".env", extra="ignore")
+
+    # Models
+    models: Annotated[list[Path], NoDecode] = Field(
+        default_factory=list, description="model directories; empty = every model directory under weights_dir"
+    )
+    weights_dir: Path = Field(default=Path("weights"), description="where model directories are found")
+    device: str = Field(default="auto", description="auto | cpu | cuda | cuda:N")
+    dtype: Literal["float32", "float16", "bfloat16"] = "float32"
+    threads: int | None = Field(default=None, ge=1, le=256, description="torch threads; None = torch's default")
+
+    # Scheduling
+    batching: bool = Field(default=True, description="continuous batching; False decodes one sentence at a time")
+    max_batch_rows: int = Field(default=32, ge=1, le=1024, description="cache rows decoding together")
+    max_admit_tokens: int = Field(default=4096, ge=1, description="source tokens encoded in one admission step")
+    max_source_tokens: int = Field(default=256, ge=8, le=4096, description="longest sentence; longer ones are split")
+    max_queue: int = Field(default=1024, ge=1, description="sentences waiting for rows before requests get 429")
+    request_timeout: float = Field(default=60.0, gt=0, description="seconds to wait and decode before a 504")
+    retry_after: int = Field(default=1, ge=1, description="seconds suggested in Retry-After with a 429")
+
+    # Limits of requests
+    max_text_chars: int = Field(default=5000, ge=1, description="characters in one text")
+    max_texts: int = Field(default=128, ge=1, description="texts in one request")
+    max_body_bytes: int = Field(default=1 << 20, ge=1024, description="bytes in one request body")
+    max_new_tokens: int = Field(default=512, ge=1, le=1024, description="largest max_new_tokens a request may ask")
+    max_beam_size: int = Field(default=8, ge=1, le=16)
+    max_alternatives: int = Field(default=4, ge=0, le=15)
+
+    # HTTP
+    cors_origins: Annotated[list[str], NoDecode] = Field(default_factory=list, description="empty = CORS off")
+    api_keys: Annotated[list[SecretStr], NoDecode] = Field(
+        default_factory=list, description="empty = no key needed to translate"
+    )
+    admin_key: SecretStr | None = Field(default=None, description="needed to change defaults at run time")
+
+    @field_validator("models", "cors_origins", "api_keys", mode="before")
+    @classmethod
+    def _lists(cls, value: Any) -> Any:
+        return _split_list(value)
+
+    def public(self) -> dict[str, Any]:
+        """The limits a client may see (no paths, no keys)."""
+        return self.model_dump(
+            include={
+                "batching", "max_batch_rows", "max_source_tokens", "max_queue", "request_timeout", "max_text_chars",
+                "max_texts", "max_body_bytes", "max_new_tokens", "max_beam_size", "max_alternatives",
+            }
+        ) | {"api_key_required": bool(self.api_keys)}

@@ -1,0 +1,134 @@
+"""Text handling around the model: checks, sentence splitting that keeps every whitespace, HTML segments.
+
+A text becomes a list of parts: literal strings (whitespace, HTML tags) that are copied to the output as they
+are, and sentences that are translated. Joining the parts back, with each sentence replaced by its translation,
+keeps the newlines, indentation and markup of the original.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable
+from dataclasses import dataclass
+from html.parser import HTMLParser
+
+from server.errors import EmptyText, InvalidText, PayloadTooLarge
+
+# C0 controls other than tab/newline/carriage return, DEL, C1 controls, and lone surrogates (from JSON escapes).
+_CONTROL = re.compile(r"[\x00-\x08\x0b\x0c\x0e-\x1f\x7f-\x9f\ud800-\udfff]")
+_LINE_BREAK = re.compile(r"(\s*[\r\n]\s*)")
+# A sentence ends with terminal punctuation and optional closing quotes or brackets, then whitespace
+# (or no whitespace after the CJK full stops).
+_CLOSING = "\"'\u201d\u2019\u00bb\u300d)\\]"
+_SENTENCE_END = re.compile(rf"[.!?\u2026]+[{_CLOSING}]*\s+|[\u3002\uff01\uff1f]+[{_CLOSING}]*\s*")
+
+
+@dataclass
+class Sentence:
+    text: str  # no leading or trailing whitespace
+
+
+Part = str | Sentence
+
+
+def check_text(text: str, index: int, max_chars: int) -> None:
+    """Refuse empty, whitespace-only, too long texts and texts with control characters."""
+    where = f"q[{index}]"
+    if not text.strip():
+        raise EmptyText(f"{where} is empty; there is nothing to translate")
+    if len(text) > max_chars:
+        raise PayloadTooLarge(f"{where} has {len(text)} characters; the limit is {max_chars}")
+    bad = _CONTROL.search(text)
+    if bad:
+        raise InvalidText(f"{where} contains the control character U+{ord(bad.group()):04X} at {bad.start()}")
+
+
+def split_sentences(line: str) -> list[Part]:
+    """Sentences of one line (no line breaks inside), with the whitespace between them as literals.
+
+    A boundary followed by a lower-case letter is taken for an abbreviation ("e.g. this") and not split.
+    """
+    parts: list[Part] = []
+    start = 0
+    for m in _SENTENCE_END.finditer(line):
+        end = m.end()
+        if end >= len(line) or line[end].islower():
+            continue
+        stop = m.start() + len(m.group().rstrip())
+        parts.extend([Sentence(line[start:stop]), line[stop:end]] if stop < end else [Sentence(line[start:stop])])
+        start = end
+    parts.append(Sentence(line[start:]))
+    return parts
+
+
+def split_text(text: str) -> list[Part]:
+    """Whitespace and line breaks as literals, sentences in between; joining the parts gives back the text."""
+    core = text.strip()
+    if not core:
+        return [text] if text else []
+    head, tail = text[: len(text) - len(text.lstrip())], text[len(text.rstrip()):]
+    parts: list[Part] = [head] if head else []
+    for i, chunk in enumerate(_LINE_BREAK.split(core)):
+        if i % 2:
+            parts.append(chunk)
+        else:
+            parts.extend(split_sentences(chunk))
+    if tail:
+        parts.append(tail)
+    return parts
+
+
+def fit(sentence: str, too_long: Callable[[str], bool]) -> list[Part]:
+    """Split a sentence the model cannot take in one piece at the whitespace nearest its middle, recursively."""
+    if not too_long(sentence) or len(sentence) < 2:
+        return [Sentence(sentence)]
+    middle = len(sentence) // 2
+    gaps = [m for m in re.finditer(r"\s+", sentence)]
+    if gaps:
+        gap = min(gaps, key=lambda m: abs(m.start() - middle))
+        left, space, right = sentence[: gap.start()], gap.group(), sentence[gap.end():]
+    else:
+        left, space, right = sentence[:middle], "", sentence[middle:]
+    return [*fit(left, too_long), *([space] if space else []), *fit(right, too_long)]
+
+
+class _Segmenter(HTMLParser):
+    """Splits HTML into markup (kept verbatim) and text nodes (translated); script and style stay markup."""
+
+    RAW = {"script", "style"}
+
+    def __init__(self) -> None:
+        super().__init__(convert_charrefs=True)
+        self.parts: list[tuple[bool, str]] = []  # (is_text, content); text is unescaped
+        self._raw_depth = 0
+
+    def _markup(self) -> None:
+        self.parts.append((False, self.get_starttag_text() or ""))
+
+    def handle_starttag(self, tag: str, attrs: list[tuple[str, str | None]]) -> None:
+        self._markup()
+        self._raw_depth += tag in self.RAW
+
+    def handle_startendtag(self, tag: str, attrs: list[tuple[str, str | None]]) -> None:
+        self._markup()
+
+    def handle_endtag(self, tag: str) -> None:
+        self.parts.append((False, f"</{tag}>"))
+        self._raw_depth -= tag in self.RAW and self._raw_depth > 0
+
+    def handle_data(self, data: str) -> None:
+        self.parts.append((self._raw_depth == 0, data))
+
+    def handle_comment(self, data: str) -> None:
+        self.parts.append((False, f"<!--{data}-->"))
+
+    def handle_decl(self, decl: str) -> None:
+        self.parts.append((False, f"<!{decl}>"))
+
+
+def split_html(document: str) -> list[tuple[bool, str]]:
+    """HTML as (is_text, content) segments; text segments are unescaped, markup is verbatim."""
+    parser = _Segmenter()
+    parser.feed(document)
+    parser.close()
+    return parser.parts

@@ -1,0 +1,250 @@
+"""From request texts to scheduled sentences and back: planning, assembling, and ordered streaming.
+
+A `Plan` turns each text into parts (literal strings, or the index of a sentence to translate) and the token ids
+of every sentence, so all sentences of all texts of a request go to the scheduler as one job: a long document is
+batched with itself. `TextStream` turns the job's events, which arrive for many sentences at once, into pieces of
+each text in reading order, so that the pieces of a text concatenate to exactly its non-streamed translation.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Mapping
+from dataclasses import dataclass, field
+from html import escape
+
+from model.batch import Hypothesis
+from model.tokenizer import IncrementalDetokenizer, Tokenizer
+from server.errors import ShuttingDown
+from server.scheduler import Finished, Job, Token
+from server.text import Sentence, fit, split_html, split_text
+
+
+@dataclass
+class TextPlan:
+    parts: list[str | int]  # literal output, or the index of a sentence whose translation goes there
+    sentences: list[int] = field(default_factory=list)  # indices of this text's sentences
+
+
+@dataclass
+class Plan:
+    texts: list[TextPlan]
+    sources: list[list[int]]  # token ids of every sentence, over all texts
+    html: bool
+
+    def input_tokens(self, text: int) -> int:
+        return sum(len(self.sources[s]) for s in self.texts[text].sentences)
+
+
+def make_plan(texts: list[str], tokenizer: Tokenizer, html: bool, max_source_tokens: int) -> Plan:
+    """Split texts into sentences that each fit the model, and tokenize them."""
+    encoded: dict[str, list[int]] = {}
+
+    def encode(sentence: str) -> list[int]:
+        if sentence not in encoded:
+            encoded[sentence] = tokenizer.encode(sentence)
+        return encoded[sentence]
+
+    def too_long(sentence: str) -> bool:
+        return len(encode(sentence)) > max_source_tokens
+
+    plan = Plan([], [], html)
+    for text in texts:
+        segments = split_html(text) if html else [(True, text)]
+        tp = TextPlan([])
+        for is_text, content in segments:
+            parts = split_text(content) if is_text else [content]
+            for part in parts:
+                pieces = fit(part.text, too_long) if isinstance(part, Sentence) else [part]
+                for piece in pieces:
+                    if isinstance(piece, str):
+                        tp.parts.append(piece)
+                        continue
+                    tp.parts.append(len(plan.sources))
+                    tp.sentences.append(len(plan.sources))
+                    plan.sources.append(encode(piece.text))
+        plan.texts.append(tp)
+    return plan
+
+
+def join(plan: Plan, text: int, translations: Mapping[int, str]) -> str:
+    """One text's output: its literals with each sentence replaced by its translation."""
+    out = []
+    for p in plan.texts[text].parts:
+        if isinstance(p, str):
+            out.append(p)
+        else:
+            out.append(escape(translations[p], quote=False) if plan.html else translations[p])
+    return "".join(out)
+
+
+def finish_reason(reasons: list[str]) -> str:
+    """A text ended by length if any of its sentences did."""
+    return "length" if "length" in reasons else "eos"
+
+
+@dataclass
+class Piece:
+    text: str
+    token: int | None  # None for literal text (whitespace, markup) and tokens replayed after a beam search
+    logprob: float | None
+
+
+class TextStream:
+    """Orders one text's streamed pieces: sentences decode concurrently but are emitted in reading order.
+
+    Tokens of a sentence that is not yet the current one wait in a buffer; literal text between sentences is
+    prepended to the next emitted piece, or sent alone when the text ends. Beam search sentences emit no tokens
+    while decoding, so their best hypothesis is replayed through the detokenizer when they finish.
+    """
+
+    def __init__(self, plan: Plan, text: int, tokenizer: Tokenizer) -> None:
+        self.parts = plan.texts[text].parts
+        self.html = plan.html
+        self.detok: dict[int, IncrementalDetokenizer] = {s: tokenizer.detokenizer() for s in plan.texts[text].sentences}
+        self.pushed = dict.fromkeys(self.detok, 0)
+        self.buffered: dict[int, list[Piece]] = {s: [] for s in self.detok}
+        self.finished: set[int] = set()
+        self.cursor = 0
+        self.pending = ""  # literal text passed by the cursor and not sent yet
+        self.text = ""  # everything sent so far
+
+    @property
+    def done(self) -> bool:
+        return self.cursor == len(self.parts)
+
+    def start(self) -> list[Piece]:
+        """Literal text before the first sentence (all of it when the text has no sentence)."""
+        return self._drain()
+
+    def token(self, sentence: int, token: int, logprob: float | None) -> list[Piece]:
+        self._push(sentence, token, logprob)
+        return self._drain()
+
+    def finish(self, sentence: int, best: Hypothesis) -> list[Piece]:
+        for token in best.tokens[self.pushed[sentence]:]:
+            self._push(sentence, token, None)
+        tail = self.detok[sentence].flush()
+        if tail:
+            self.buffered[sentence].append(Piece(tail, None, None))
+        self.finished.add(sentence)
+        return self._drain()
+
+    def _push(self, sentence: int, token: int, logprob: float | None) -> None:
+        self.pushed[sentence] += 1
+        text = self.detok[sentence].push(token)
+        if text:
+            self.buffered[sentence].append(Piece(text, token, logprob))
+
+    def _drain(self) -> list[Piece]:
+        out: list[Piece] = []
+        while self.cursor < len(self.parts):
+            part = self.parts[self.cursor]
+            if isinstance(part, str):
+                self.pending += part
+                self.cursor += 1
+                continue
+            for piece in self.buffered[part]:
+                text = escape(piece.text, quote=False) if self.html else piece.text
+                out.append(Piece(self.pending + text, piece.token, piece.logprob))
+                self.pending = ""
+            self.buffered[part] = []
+            if part not in self.finished:
+                break
+            self.cursor += 1
+        if self.done and self.pending:
+            out.append(Piece(self.pending, None, None))
+            self.pending = ""
+        self.text += "".join(p.text for p in out)
+        return out
+
+
+@dataclass
+class TextResult:
+    text: str
+    alternatives: list[str]
+    finish_reason: str
+    input_tokens: int
+    generated_tokens: int
+    scores: list[float]  # best hypothesis of each sentence
+
+
+@dataclass
+class PieceEvent:
+    index: int  # which text
+    piece: Piece
+
+
+@dataclass
+class TextDone:
+    index: int
+    result: TextResult
+
+
+class Translation:
+    """A planned request and its scheduler job: wait for the results, or stream them text by text."""
+
+    def __init__(self, plan: Plan, job: Job | None, tokenizer: Tokenizer, alternatives: int = 0) -> None:
+        self.plan = plan
+        self.job = job  # None when there is no sentence at all (HTML made only of markup)
+        self.tokenizer = tokenizer
+        self.alternatives = alternatives
+
+    def cancel(self) -> None:
+        if self.job is not None:
+            self.job.cancel()
+
+    async def results(self) -> list[TextResult]:
+        finished = await self.job.results() if self.job is not None else []
+        by_index = {f.index: f for f in finished}
+        return [self._result(t, by_index) for t in range(len(self.plan.texts))]
+
+    async def stream(self) -> AsyncIterator[PieceEvent | TextDone]:
+        """Pieces of text in reading order for each text, and a TextDone when a text is complete."""
+        streams = [TextStream(self.plan, t, self.tokenizer) for t in range(len(self.plan.texts))]
+        owner = {s: t for t, tp in enumerate(self.plan.texts) for s in tp.sentences}
+        finished: dict[int, Finished] = {}
+        for t, ts in enumerate(streams):
+            for piece in ts.start():
+                yield PieceEvent(t, piece)
+            if ts.done:
+                yield TextDone(t, self._result(t, finished, ts.text))
+        if self.job is None:
+            return
+        try:
+            async for event in self.job.events():
+                t = owner[event.index]
+                ts = streams[t]
+                if isinstance(event, Token):
+                    pieces = ts.token(event.index, event.token, event.logprob)
+                else:
+                    finished[event.index] = event
+                    pieces = ts.finish(event.index, event.hypotheses[0])
+                for piece in pieces:
+                    yield PieceEvent(t, piece)
+                if isinstance(event, Finished) and ts.done:
+                    yield TextDone(t, self._result(t, finished, ts.text))
+        except ShuttingDown:  # what was sent stands; the texts end as "cancelled"
+            for t, ts in enumerate(streams):
+                if not ts.done:
+                    sentences = self.plan.texts[t].sentences
+                    yield TextDone(t, TextResult(ts.text, [], "cancelled", self.plan.input_tokens(t),
+                                                 sum(ts.pushed[s] for s in sentences), []))
+
+    def _result(self, t: int, finished: Mapping[int, Finished], text: str | None = None) -> TextResult:
+        sentences = self.plan.texts[t].sentences
+        nbest = {s: finished[s].hypotheses for s in sentences}
+        decode = self.tokenizer.decode
+        if text is None:  # a stream passes the text it sent
+            text = join(self.plan, t, {s: decode(h[0].tokens) for s, h in nbest.items()})
+        alternatives = [
+            join(self.plan, t, {s: decode(h[min(j, len(h) - 1)].tokens) for s, h in nbest.items()})
+            for j in range(1, self.alternatives + 1)
+        ]
+        return TextResult(
+            text=text,
+            alternatives=alternatives,
+            finish_reason=finish_reason([finished[s].reason for s in sentences]),
+            input_tokens=self.plan.input_tokens(t),
+            generated_tokens=sum(len(h[0].tokens) for h in nbest.values()),
+            scores=[h[0].score for h in nbest.values()],
+        )

@@ -1,0 +1,330 @@
+"""Continuous batching through the server: invisible to results, rows join mid-flight, disconnects cancel,
+a full queue answers 429, a late request 504, a failing step 500, and shutdown ends every request."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+from collections.abc import Callable, Iterator, MutableMapping
+from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+import uvicorn
+from fastapi import FastAPI
+from fastapi.testclient import TestClient
+
+from model.checkpoint import LoadedModel
+from model.search import generate
+from server.app import create_app
+from server.errors import Overloaded, ShuttingDown
+from server.scheduler import Finished, Scheduler
+from server.translator import TextDone, Translation, make_plan
+from tests.test_server_api import metric, parse_sse, server_settings
+
+LONG = {"q": "Open the file.", "target": "pt", "options": {"min_new_tokens": 40, "max_new_tokens": 40}}
+
+
+@contextmanager
+def app_client(model_dir: Path, **settings: Any) -> Iterator[TestClient]:
+    with TestClient(create_app(server_settings(model_dir, **settings))) as client:
+        yield client
+
+
+def scheduler_of(client: TestClient) -> Scheduler:
+    scheduler: Scheduler = client.app.state.engine.models[0].scheduler  # type: ignore[attr-defined]
+    return scheduler
+
+
+@contextmanager
+def slow_steps(scheduler: Scheduler, seconds: float) -> Iterator[None]:
+    """Make each decode step last a little longer, so that a test can act while a request decodes."""
+    batch = scheduler.batch
+    assert batch is not None
+    original = batch.step
+
+    def step() -> Any:
+        time.sleep(seconds)
+        return original()
+
+    batch.step = step  # type: ignore[method-assign]
+    try:
+        yield
+    finally:
+        del batch.step
+
+
+def wait_for(condition: Callable[[], bool], timeout: float = 10.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, "condition not reached in time"
+        time.sleep(0.005)
+
+
+def finished_sentences(client: TestClient) -> float:
+    """Sequences that ran to their end (cancelled ones never count here)."""
+    return metric(client, 'tolk_generated_tokens_total{model="tiny-en-pt",reason="length"}')
+
+
+@pytest.fixture(scope="module")
+def client(tiny_model_dir: Path) -> Iterator[TestClient]:
+    with app_client(tiny_model_dir, max_batch_rows=16) as c:
+        yield c
+
+
+def offline(loaded: LoadedModel, text: str, **options: Any) -> str:
+    """The engine alone: model.search.generate on this one sentence."""
+    (hyps,) = generate(loaded.model, [loaded.tokenizer.encode(text)], loaded.generation.update(**options))
+    return loaded.tokenizer.decode(hyps[0].tokens)
+
+
+REQUESTS: list[tuple[str, dict[str, Any]]] = [
+    ("Open the file.", {}),
+    ("Save changes before closing.", {"max_new_tokens": 7}),
+    ("The file could not be opened.", {"beam_size": 3}),
+    ("Disk full.", {"do_sample": True, "seed": 11, "top_k": 5}),
+    ("Select all copy paste undo.", {"repetition_penalty": 1.5}),
+    ("Click here to continue.", {"beam_size": 2, "length_penalty": 0.6}),
+    ("Error while reading.", {"min_new_tokens": 10}),
+    ("Translation server language model.", {"no_repeat_ngram_size": 2}),
+] * 2
+
+
+def test_concurrent_requests_equal_each_alone(client: TestClient, tiny_loaded: LoadedModel) -> None:
+    def post(item: tuple[str, dict[str, Any]]) -> str:
+        r = client.post("/translate", json={"q": item[0], "target": "pt", "options": item[1]})
+        assert r.status_code == 200, r.text
+        return str(r.json()["translatedText"])
+
+    rows_le_1 = 'tolk_batch_rows_bucket{le="1.0",model="tiny-en-pt"}'
+    before = metric(client, "tolk_batch_rows_count"), metric(client, rows_le_1)
+    with slow_steps(scheduler_of(client), 0.002), ThreadPoolExecutor(len(REQUESTS)) as pool:
+        together = list(pool.map(post, REQUESTS))
+    assert together == [offline(tiny_loaded, text, **options) for text, options in REQUESTS]
+    steps, single = metric(client, "tolk_batch_rows_count") - before[0], metric(client, rows_le_1) - before[1]
+    assert single < steps  # some steps did decode several rows together
+
+
+def test_rows_join_mid_flight(client: TestClient, tiny_loaded: LoadedModel) -> None:
+    scheduler = scheduler_of(client)
+    long_src, short_src = (tiny_loaded.tokenizer.encode(t) for t in ("Open the file.", "Disk full."))
+    long_cfg = tiny_loaded.generation.update(min_new_tokens=40, max_new_tokens=40)
+    short_cfg = tiny_loaded.generation.update(max_new_tokens=3)
+
+    async def scenario() -> tuple[list[int], bool, list[Finished]]:
+        long_job = scheduler.submit([long_src], [long_cfg], stream=True)
+        events = long_job.events()
+        await events.__anext__()  # the long sentence is decoding
+        short = await scheduler.submit([short_src], [short_cfg]).results()
+        long_still_running = not long_job.done
+        rest = [e async for e in events]
+        return short[0].hypotheses[0].tokens, long_still_running, [e for e in rest if isinstance(e, Finished)]
+
+    with slow_steps(scheduler, 0.002):
+        short_tokens, long_still_running, long_finished = client.portal.call(scenario)  # type: ignore[union-attr]
+    assert long_still_running  # the short request joined, finished and left while the long one decoded
+    assert len(long_finished[0].hypotheses[0].tokens) == 40
+    assert short_tokens == generate(tiny_loaded.model, [short_src], short_cfg)[0][0].tokens
+
+
+def test_sse_disconnect_cancels_rows(client: TestClient) -> None:
+    scheduler = scheduler_of(client)
+    before = finished_sentences(client)
+    with slow_steps(scheduler, 0.01):
+        with client.stream("POST", "/translate/stream", json=LONG) as r:
+            for line in r.iter_lines():
+                if line.startswith("event: token"):
+                    break
+        wait_for(lambda: scheduler.batch is not None and scheduler.batch.n == 0)
+        time.sleep(0.5)  # longer than the 40 steps would take: had it not been cancelled, it would have finished
+    assert finished_sentences(client) == before
+    assert metric(client, 'tolk_kv_cache_rows_used{model="tiny-en-pt"}') == 0
+
+
+def test_json_disconnect_cancels_rows(client: TestClient) -> None:
+    scheduler = scheduler_of(client)
+    app: FastAPI = client.app  # type: ignore[assignment]
+    body = httpx.Request("POST", "http://t/translate", json=LONG).read()
+
+    async def post_then_leave() -> list[dict[str, Any]]:
+        sent: list[dict[str, Any]] = []
+        gone = asyncio.Event()
+        messages = [{"type": "http.request", "body": body, "more_body": False}]
+
+        async def receive() -> dict[str, Any]:
+            if messages:
+                return messages.pop()
+            await gone.wait()
+            return {"type": "http.disconnect"}
+
+        async def send(message: MutableMapping[str, Any]) -> None:
+            sent.append(dict(message))
+
+        scope = {"type": "http", "method": "POST", "path": "/translate", "raw_path": b"/translate",
+                 "query_string": b"", "headers": [(b"content-type", b"application/json")], "http_version": "1.1",
+                 "scheme": "http", "server": ("t", 80), "client": ("c", 1), "root_path": "", "state": {}}
+        task = asyncio.ensure_future(app(scope, receive, send))
+        while scheduler.batch is None or scheduler.batch.n == 0:
+            await asyncio.sleep(0.002)
+        gone.set()
+        await task
+        return sent
+
+    before = finished_sentences(client)
+    with slow_steps(scheduler, 0.01):
+        sent = client.portal.call(post_then_leave)  # type: ignore[union-attr]
+        wait_for(lambda: scheduler.batch is not None and scheduler.batch.n == 0)
+        time.sleep(0.5)
+    assert sent[0]["status"] == 499
+    assert finished_sentences(client) == before
+
+
+@contextmanager
+def real_server(app: FastAPI) -> Iterator[str]:
+    """uvicorn on a loopback port, sharing the app (and its running lifespan) with the TestClient."""
+    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=0, lifespan="off", log_level="warning"))
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    wait_for(lambda: server.started)
+    port = server.servers[0].sockets[0].getsockname()[1]
+    try:
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        server.should_exit = True
+        thread.join(5)
+
+
+def test_real_disconnects_cancel_rows(client: TestClient) -> None:
+    scheduler = scheduler_of(client)
+    before = finished_sentences(client)
+    with slow_steps(scheduler, 0.01), real_server(client.app) as url:  # type: ignore[arg-type]
+        with pytest.raises(httpx.ReadTimeout):
+            httpx.post(f"{url}/translate", json=LONG, timeout=0.2)
+        wait_for(lambda: scheduler.batch is not None and scheduler.batch.n == 0)
+        with httpx.stream("POST", f"{url}/translate/stream", json=LONG, timeout=5) as r:
+            assert r.headers["x-accel-buffering"] == "no"
+            for line in r.iter_lines():
+                if line.startswith("event: token"):
+                    break
+        wait_for(lambda: scheduler.batch is not None and scheduler.batch.n == 0)
+        time.sleep(0.5)
+        r = httpx.post(f"{url}/translate", json={"q": "Disk full.", "target": "pt"}, timeout=5)
+        assert r.status_code == 200
+    assert finished_sentences(client) == before
+
+
+def test_full_queue_answers_429_and_loses_nothing(tiny_model_dir: Path) -> None:
+    with app_client(tiny_model_dir, max_batch_rows=1, max_queue=2, retry_after=3) as client:
+        scheduler = scheduler_of(client)
+        with slow_steps(scheduler, 0.01), ThreadPoolExecutor(2) as pool:
+            first = pool.submit(client.post, "/translate", json=LONG)
+            wait_for(lambda: scheduler.batch is not None and scheduler.batch.n == 1)
+            second = pool.submit(client.post, "/translate", json={**LONG, "q": ["Disk full.", "Undo."]})
+            wait_for(lambda: scheduler.queued == 2)
+            r = client.post("/translate", json={"q": "Open.", "target": "pt"})
+            assert (r.status_code, r.json()["error_type"]) == (429, "overloaded")
+            assert r.headers["retry-after"] == "3"
+            r = client.post("/translate/stream", json={"q": "Open.", "target": "pt"})
+            assert r.status_code == 429
+            assert first.result().status_code == 200 and second.result().status_code == 200
+        assert client.post("/translate", json={"q": "Open.", "target": "pt"}).status_code == 200
+
+
+def test_late_requests_get_504(tiny_model_dir: Path) -> None:
+    with app_client(tiny_model_dir, max_batch_rows=1, request_timeout=0.3) as client:
+        scheduler = scheduler_of(client)
+        with slow_steps(scheduler, 0.02), ThreadPoolExecutor(2) as pool:
+            running = pool.submit(client.post, "/translate", json=LONG)
+            wait_for(lambda: scheduler.batch is not None and scheduler.batch.n == 1)
+            waiting = client.post("/translate", json=LONG)  # never gets the row before its deadline
+            assert (waiting.status_code, waiting.json()["error_type"]) == (504, "timeout")
+            assert running.result().status_code == 504
+            r = client.post("/translate/stream", json=LONG)
+            assert r.status_code == 200 and parse_sse(r.text)[-1] == (
+                "error", {"error": "the request did not finish within 0.3 s", "error_type": "timeout"})
+        wait_for(lambda: scheduler.batch is not None and scheduler.batch.n == 0)
+        assert client.post("/translate", json={"q": "Open.", "target": "pt"}).status_code == 200
+
+
+def test_unbatched_server_decodes_one_sentence_at_a_time(tiny_model_dir: Path, tiny_loaded: LoadedModel) -> None:
+    with app_client(tiny_model_dir, batching=False) as client, ThreadPoolExecutor(4) as pool:
+        texts = [text for text, _ in REQUESTS[:4]]
+        out = list(pool.map(lambda t: client.post("/translate", json={"q": t, "target": "pt"}), texts))
+        assert [r.json()["translatedText"] for r in out] == [offline(tiny_loaded, t) for t in texts]
+        steps = metric(client, "tolk_batch_rows_count")
+        assert steps > 0 and metric(client, 'tolk_batch_rows_bucket{le="1.0",model="tiny-en-pt"}') == steps
+
+
+def test_engine_failure_is_a_500_and_the_server_recovers(client: TestClient) -> None:
+    scheduler = scheduler_of(client)
+    batch = scheduler.batch
+    assert batch is not None
+
+    def broken() -> Any:
+        raise RuntimeError("device lost")
+
+    batch.step = broken  # type: ignore[method-assign]
+    r = client.post("/translate", json={"q": "Open the file.", "target": "pt"})
+    assert (r.status_code, r.json()) == (500, {"error": "the engine failed while translating",
+                                               "error_type": "engine_failure"})
+    wait_for(lambda: scheduler.batch is not batch)  # rebuilt after the failed jobs were told
+    assert client.post("/translate", json={"q": "Open the file.", "target": "pt"}).status_code == 200
+
+
+def test_failed_admission_is_a_500_not_a_hang(client: TestClient) -> None:
+    scheduler = scheduler_of(client)
+    batch = scheduler.batch
+    assert batch is not None
+
+    def broken(items: Any) -> None:
+        raise RuntimeError("out of memory")
+
+    batch.admit = broken  # type: ignore[method-assign]
+    r = client.post("/translate", json={"q": "Open the file.", "target": "pt"})
+    assert (r.status_code, r.json()["error_type"]) == (500, "engine_failure")
+    wait_for(lambda: scheduler.batch is not batch)
+    assert scheduler.queued == 0
+    assert client.post("/translate", json={"q": "Open the file.", "target": "pt"}).status_code == 200
+
+
+def test_shutdown_ends_every_request(tiny_loaded: LoadedModel, tiny_model_dir: Path) -> None:
+    from server.metrics import Metrics
+
+    scheduler = Scheduler("tiny", tiny_loaded.model, server_settings(tiny_model_dir, max_batch_rows=1), Metrics())
+    scheduler.start()
+    config = tiny_loaded.generation.update(min_new_tokens=40, max_new_tokens=40)
+    plan = make_plan(["Open the file. Disk full."], tiny_loaded.tokenizer, False, 64)
+
+    async def scenario() -> tuple[list[Any], BaseException | None]:
+        streamed = Translation(plan, scheduler.submit(plan.sources, [config] * 2, stream=True), tiny_loaded.tokenizer)
+        waiting = scheduler.submit(plan.sources, [config] * 2)
+        events = []
+        async for event in streamed.stream():
+            events.append(event)
+            if len(events) == 1:
+                await asyncio.get_running_loop().run_in_executor(None, scheduler.stop)
+        try:
+            await waiting.results()
+        except ShuttingDown as exc:
+            return events, exc
+        return events, None
+
+    with slow_steps(scheduler, 0.005):
+        events, error = asyncio.run(scenario())
+    assert isinstance(error, ShuttingDown)
+    assert isinstance(events[-1], TextDone) and events[-1].result.finish_reason == "cancelled"
+    assert not scheduler.running
+    with pytest.raises(Exception, match="not running"):
+        asyncio.run(_submit(scheduler, plan.sources, config))
+
+
+async def _submit(scheduler: Scheduler, sources: list[list[int]], config: Any) -> None:
+    scheduler.submit(sources, [config] * len(sources))
+
+
+def test_overloaded_carries_retry_after() -> None:
+    assert Overloaded("busy", 5).retry_after == 5
