@@ -1,0 +1,69 @@
+# syntax=docker/dockerfile:1
+# Tolk's image: the server, its Python dependencies from pyproject.toml, and the shipped weights, so it serves
+# offline. See docs/deploy.md.
+#
+#   docker build -t tolk .                                             # torch as plain pip resolves it
+#   docker build --build-arg TORCH_INDEX_URL=<PyTorch CPU wheel index> -t tolk .         # CPU-only torch, small
+#   docker build --build-arg TORCH_INDEX_URL=<PyTorch CUDA wheel index> -t tolk:cuda .   # a chosen CUDA build
+#
+# BASE_IMAGE may be any Debian or Ubuntu image; one without Python (a CUDA runtime image) gets Python from apt,
+# which must be 3.11 or newer (Ubuntu 24.04 and later).
+ARG BASE_IMAGE=python:3.12-slim
+
+FROM ${BASE_IMAGE} AS base
+ENV PYTHONDONTWRITEBYTECODE=1 \
+    PYTHONUNBUFFERED=1 \
+    PIP_NO_CACHE_DIR=1 \
+    PIP_DISABLE_PIP_VERSION_CHECK=1
+SHELL ["/bin/bash", "-o", "pipefail", "-c"]
+# hadolint ignore=DL3008
+RUN if ! command -v python3 >/dev/null; then \
+        apt-get update \
+        && apt-get install -y --no-install-recommends python3 python3-venv \
+        && rm -rf /var/lib/apt/lists/*; \
+    fi
+
+
+FROM base AS build
+ARG TORCH_VERSION=2.13.0
+# Empty: plain `pip install torch==TORCH_VERSION`, which on Linux x86_64 brings several GB of CUDA libraries.
+# Set it to PyTorch's CPU wheel index for a CPU-only image, or to one of its CUDA indexes to pick the CUDA build.
+ARG TORCH_INDEX_URL=""
+RUN python3 -m venv /opt/venv
+ENV PATH=/opt/venv/bin:$PATH
+# torch first and alone, so that the dependencies below find it installed and never resolve it again. (Pinned
+# through TORCH_VERSION, which hadolint cannot see.)
+# hadolint ignore=DL3013
+RUN pip install ${TORCH_INDEX_URL:+--index-url "$TORCH_INDEX_URL"} "torch==${TORCH_VERSION}"
+WORKDIR /src
+# The dependencies, read from pyproject.toml, in a layer of their own: editing the code does not reinstall them.
+COPY pyproject.toml README.md ./
+RUN python -c \
+        'import tomllib; print(*tomllib.load(open("pyproject.toml", "rb"))["project"]["dependencies"], sep="\n")' \
+        > /tmp/requirements.txt \
+    && pip install -r /tmp/requirements.txt
+COPY model/ model/
+COPY server/ server/
+# hadolint ignore=DL3013
+RUN pip install --no-deps .
+
+
+FROM base AS runtime
+RUN groupadd --system --gid 10001 tolk \
+    && useradd --system --uid 10001 --gid tolk --home-dir /app --no-create-home --shell /usr/sbin/nologin tolk
+COPY --from=build /opt/venv /opt/venv
+WORKDIR /app
+# The shipped models, owned by root and only readable by the server. Mount a directory on /app/weights to serve
+# other (imported) models instead.
+COPY weights/ weights/
+ENV PATH=/opt/venv/bin:$PATH
+USER 10001:10001
+EXPOSE 8000
+# /ready answers 200 once every model is loaded and its scheduler runs; the slim base has no curl.
+HEALTHCHECK --interval=30s --timeout=5s --start-period=120s --retries=3 \
+    CMD ["python", "-c", "import urllib.request; urllib.request.urlopen('http://127.0.0.1:8000/ready', timeout=4)"]
+# tolk is PID 1 (exec form, no shell): SIGTERM reaches uvicorn, which stops accepting connections, lets in-flight
+# requests finish (at most TOLK_REQUEST_TIMEOUT + 5 s), stops the schedulers and exits.
+STOPSIGNAL SIGTERM
+ENTRYPOINT ["tolk"]
+CMD ["serve", "--host", "0.0.0.0", "--port", "8000"]
