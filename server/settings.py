@@ -27,7 +27,9 @@ class Settings(BaseSettings):
     )
     weights_dir: Path = Field(default=Path("weights"), description="where model directories are found")
     device: str = Field(default="auto", description="auto | cpu | cuda | cuda:N")
-    dtype: Literal["float32", "float16", "bfloat16"] = "float32"
+    dtype: Literal["float32", "float16", "bfloat16", "int8"] = Field(
+        default="float32", description="int8: quantized linear layers, CPU only"
+    )
     threads: int | None = Field(default=None, ge=1, le=256, description="torch threads; None = torch's default")
 
     # Scheduling
