@@ -199,16 +199,16 @@ class DecodeBatch:
         seqs = list(self.seqs.values())
         logits = self.model.decode_step(st.last[:n], self.cache).float()  # (n, V)
         self._process(logits, seqs)
-        logprobs = logits.log_softmax(-1)
-        tokens = logprobs.argmax(-1)  # (n,)
+        lse = logits.logsumexp(-1)  # (n,) full log-softmax only where beams need it: V can be 58k wide
+        tokens = logits.argmax(-1)  # (n,)
         sampled = [r for s in seqs if s.config.do_sample for r in s.rows]
         if sampled:
             idx = torch.tensor(sampled, device=logits.device)
-            tokens[idx] = lp.sample(logprobs[idx], st.seed[idx], st.n_gen[idx])
-        chosen = logprobs.gather(1, tokens[:, None])[:, 0]
+            tokens[idx] = lp.sample(logits[idx] - lse[idx, None], st.seed[idx], st.n_gen[idx])
+        chosen = logits.gather(1, tokens[:, None])[:, 0] - lse
         beams = [s for s in seqs if s.beam > 1]
         if beams:
-            chosen = self._beam_step(beams, logprobs, tokens, chosen)
+            chosen = self._beam_step(beams, logits - lse[:, None], tokens, chosen)
         rows = torch.arange(n, device=logits.device)
         st.history[rows, st.n_gen[:n].clamp(max=st.history.shape[1] - 1)] = tokens
         st.n_gen[:n] += 1
@@ -293,7 +293,7 @@ class DecodeBatch:
     def _beam_done(self, seq: Sequence) -> bool:
         if len(seq.hyps) < seq.beam:
             return False
-        best = max(seq.scores) / (seq.n_gen + 1) ** seq.config.length_penalty
+        best = max(seq.scores) / seq.n_gen ** seq.config.length_penalty  # transformers' early_stopping=False
         return seq.hyps[-1].score >= best
 
     def _collect(self, seqs: list[Sequence], tokens: list[int], logprobs: list[float]) -> list[Event]:
@@ -330,5 +330,6 @@ class DecodeBatch:
             return None
         lpen = seq.config.length_penalty
         for toks, score in zip(seq.tokens, seq.scores, strict=True):
-            self._add_hyp(seq, Hypothesis(toks, score / len(toks) ** lpen, "length"))
+            # scored as if closed by an end-of-sentence, like transformers' forced_eos_token_id (Marian)
+            self._add_hyp(seq, Hypothesis(toks, score / (len(toks) + 1) ** lpen, "length"))
         return seq.hyps[: seq.config.num_hypotheses]

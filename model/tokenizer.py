@@ -7,6 +7,7 @@ from pathlib import Path
 import sentencepiece as spm
 
 REPLACEMENT = "\ufffd"
+MARIAN_SPECIAL = ("<pad>", "<s>", "</s>", "<unk>")  # pieces a Marian vocab.json adds around SentencePiece's
 
 
 class Tokenizer:
@@ -40,7 +41,11 @@ class Tokenizer:
         if self.piece_to_id is None:
             ids: list[int] = self.source.encode(text)
         else:
-            pieces: list[str] = self.source.encode(text, out_type=str)
+            code: list[str] = []
+            end = text.find("<<") if text.startswith(">>") else -1
+            if end >= 0:  # a target-language token such as >>por<< (multilingual Marian models)
+                code, text = [text[: end + 2]], text[end + 2 :]
+            pieces: list[str] = code + self.source.encode(text, out_type=str)
             ids = [self.piece_to_id.get(p, self.unk_id) for p in pieces]
         return ids + [self.eos_id]
 
@@ -59,7 +64,7 @@ class Tokenizer:
     def _special(self, i: int) -> bool:
         if self.vocab is None:
             return bool(self.target.is_control(i))
-        return i == self.eos_id or self.vocab[i].startswith("<")
+        return i in (self.eos_id, self.unk_id) or self.vocab[i] in MARIAN_SPECIAL
 
     def detokenizer(self) -> IncrementalDetokenizer:
         return IncrementalDetokenizer(self)

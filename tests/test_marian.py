@@ -1,0 +1,376 @@
+"""OPUS-MT / Marian import and export, checked against transformers.
+
+The reference is a tiny MarianMTModel built here: SentencePiece models trained on a few hundred generated lines,
+a Marian-style joint vocab.json, random initialisation and a few seconds of training (so that translations end
+at varied lengths and beam search has real choices), saved in the Hugging Face layout.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+from pathlib import Path
+from typing import Any
+
+import pytest
+import sentencepiece as spm
+import torch
+
+from model import checkpoint, marian
+from model.layers import sinusoidal_table
+from model.search import generate
+from tests.tiny import corpus_lines, tiny_config
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")  # everything is local: never wait for a hub
+transformers = pytest.importorskip("transformers", reason="transformers is not installed (pip install -e '.[dev]')")
+
+LOGITS_ATOL = 1e-4  # float32; on the CPU both sides run the same kernels and the measured difference is 0.0
+LANG_CODES = (">>por<<", ">>spa<<")
+TRAIN_STEPS = 400  # at most; training stops once greedy outputs end at varied lengths
+
+
+def source_lines(n: int, seed: int) -> list[str]:
+    """Short sentences (at most 6 words), so that most translations end before the length limit."""
+    return [" ".join(line.split()[: 1 + i % 6]) for i, line in enumerate(corpus_lines(n, seed))]
+
+
+def target_lines(n: int, seed: int) -> list[str]:
+    """A made-up target language: the source words reversed, with a Portuguese-looking ending."""
+    return [" ".join(w[::-1] + "ão" for w in line.split()) for line in source_lines(n, seed)]
+
+
+def train_spm(directory: Path, name: str, lines: list[str], vocab_size: int) -> spm.SentencePieceProcessor:
+    """Marian's SentencePiece layout: <unk> 0, <s> 1, </s> 2, no pad."""
+    (directory / f"{name}.txt").write_text("\n".join(lines) + "\n", encoding="utf-8")
+    spm.SentencePieceTrainer.train(
+        input=str(directory / f"{name}.txt"), model_prefix=str(directory / name), vocab_size=vocab_size,
+        model_type="unigram", character_coverage=1.0, hard_vocab_limit=False, minloglevel=2,
+    )
+    return spm.SentencePieceProcessor(model_file=str(directory / f"{name}.model"))
+
+
+def marian_vocab(*models: spm.SentencePieceProcessor) -> list[str]:
+    """Marian's joint vocab.json: </s> 0, <unk> 1, the pieces of both sides, language codes, <pad> last."""
+    pieces = ["</s>", "<unk>"]
+    for sp in models:
+        for i in range(sp.get_piece_size()):
+            if not (sp.is_control(i) or sp.is_unknown(i)) and sp.id_to_piece(i) not in pieces:
+                pieces.append(sp.id_to_piece(i))
+    return pieces + list(LANG_CODES) + ["<pad>"]
+
+
+def randomize(model: Any, seed: int) -> None:
+    """Random weights large enough that the logits depend on every parameter (for logits-only checks)."""
+    torch.manual_seed(seed)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if "embed_positions" not in name:
+                p.normal_(1.0 if "norm.weight" in name else 0.0, 0.4 if p.dim() > 1 else 0.1)
+        model.final_logits_bias.normal_(0.0, 0.5)
+    model.eval()
+
+
+def train_briefly(model: Any, tokenizer: Any, max_steps: int) -> int:
+    """Adam steps on source -> made-up target pairs until greedy outputs end at varied lengths (seconds)."""
+    src, tgt = source_lines(256, 2), target_lines(256, 2)
+    opt = torch.optim.Adam(model.parameters(), lr=3e-3)
+    probe = tokenizer(sample_texts(), return_tensors="pt", padding=True)
+    for step in range(1, max_steps + 1):
+        model.train()
+        i = (step * 16) % 256
+        batch = tokenizer(src[i : i + 16], text_target=tgt[i : i + 16], return_tensors="pt", padding=True)
+        batch["labels"][batch["labels"] == model.config.pad_token_id] = -100
+        loss = model(**batch).loss
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        if step % 50 == 0:
+            with torch.no_grad():
+                out = model.eval().generate(**probe, num_beams=1, max_length=24)
+            if len({int(n) for n in (out == model.config.eos_token_id).int().argmax(1)}) >= 6:
+                break
+    model.eval()
+    return step
+
+
+def build_hf_dir(directory: Path, seed: int = 0, steps: int = TRAIN_STEPS, **changes: Any) -> Path:
+    """A Hugging Face Marian checkpoint directory, as Helsinki-NLP publishes them, with random weights."""
+    directory.mkdir(parents=True, exist_ok=True)
+    src = train_spm(directory, "source", source_lines(300, 0), 120)
+    tgt = train_spm(directory, "target", target_lines(300, 1), 120)
+    shutil.copyfile(directory / "source.model", directory / "source.spm")
+    shutil.copyfile(directory / "target.model", directory / "target.spm")
+    pieces = marian_vocab(src, tgt)
+    (directory / "vocab.json").write_text(json.dumps({p: i for i, p in enumerate(pieces)}), encoding="utf-8")
+    V, pad = len(pieces), len(pieces) - 1
+    settings: dict[str, Any] = dict(
+        vocab_size=V, decoder_vocab_size=V, d_model=32, encoder_layers=2, decoder_layers=2,
+        encoder_attention_heads=4, decoder_attention_heads=4, encoder_ffn_dim=64, decoder_ffn_dim=64,
+        max_position_embeddings=128, pad_token_id=pad, eos_token_id=0, forced_eos_token_id=0, bos_token_id=0,
+        decoder_start_token_id=pad, activation_function="swish", scale_embedding=True,
+        share_encoder_decoder_embeddings=True,
+    )
+    settings.update(changes)
+    torch.manual_seed(seed)
+    model = transformers.MarianMTModel(transformers.MarianConfig(**settings))
+    tokenizer = transformers.MarianTokenizer(
+        str(directory / "source.spm"), str(directory / "target.spm"), str(directory / "vocab.json"),
+        source_lang="en", target_lang="pt",
+    )
+    if steps:
+        train_briefly(model, tokenizer, steps)
+    else:
+        randomize(model, seed)
+    model.generation_config = transformers.GenerationConfig(
+        bad_words_ids=[[pad]], bos_token_id=0, decoder_start_token_id=pad, eos_token_id=0, forced_eos_token_id=0,
+        max_length=24, num_beams=4, pad_token_id=pad, renormalize_logits=True,
+    )
+    model.save_pretrained(directory)
+    tokenizer.save_pretrained(directory)
+    return directory
+
+
+def sample_texts(n: int = 36) -> list[str]:
+    lines = source_lines(n - 6, seed=7)
+    return lines + ["  Save   changes.  ", "Ação não é possível!", "Unknown zebra quartz 42 ∑.", "x",
+                    ">>por<< The file could not be opened.", ">>spa<< Open settings window."]
+
+
+@pytest.fixture(scope="module")
+def hf_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return build_hf_dir(tmp_path_factory.mktemp("hf") / "opus-mt-en-pt")
+
+
+def load_hf(directory: Path) -> tuple[Any, Any]:
+    model = transformers.MarianMTModel.from_pretrained(directory).eval()
+    return model, transformers.MarianTokenizer.from_pretrained(directory)
+
+
+@pytest.fixture(scope="module")
+def hf(hf_dir: Path) -> tuple[Any, Any]:
+    return load_hf(hf_dir)
+
+
+@pytest.fixture(scope="module")
+def imported(hf_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> checkpoint.LoadedModel:
+    out = marian.import_marian(hf_dir, tmp_path_factory.mktemp("tolk") / "en-pt")
+    return checkpoint.load(out, device="cpu")
+
+
+def hf_generate(model: Any, tokenizer: Any, texts: list[str], **settings: Any) -> list[list[int]]:
+    """transformers' generate(), as token ids without the decoder start, end-of-sentence and padding."""
+    batch = tokenizer(texts, return_tensors="pt", padding=True)
+    with torch.no_grad():
+        out = model.generate(**batch, **settings).tolist()
+    special = {model.config.eos_token_id, model.config.pad_token_id, model.config.decoder_start_token_id}
+    return [[t for t in row[1:] if t not in special] for row in out]
+
+
+def tolk_generate(loaded: checkpoint.LoadedModel, texts: list[str], **settings: Any) -> list[list[int]]:
+    sources = [loaded.tokenizer.encode(t) for t in texts]
+    return [h[0].tokens for h in generate(loaded.model, sources, loaded.generation.update(**settings))]
+
+
+def test_tokenization_equals_marian_tokenizer(hf: tuple[Any, Any], imported: checkpoint.LoadedModel) -> None:
+    _, tokenizer = hf
+    for text in sample_texts():
+        assert imported.tokenizer.encode(text) == tokenizer(text).input_ids, text
+
+
+def test_imported_config_maps_marian_fields(imported: checkpoint.LoadedModel, hf: tuple[Any, Any]) -> None:
+    cfg, hf_cfg = imported.model.cfg, hf[0].config
+    pad = hf_cfg.pad_token_id
+    assert (cfg.pad_id, cfg.eos_id, cfg.decoder_start_id, cfg.bos_id) == (pad, 0, pad, -1)
+    assert (cfg.activation, cfg.norm, cfg.scale_embedding, cfg.share_embeddings) == ("swish", "post", True, True)
+    assert imported.generation.beam_size == 4
+    assert imported.generation.max_new_tokens == 22  # max_length 24 less the start token and the forced eos
+    assert imported.tokenizer.vocab is not None and imported.tokenizer.vocab[cfg.pad_id] == "<pad>"
+
+
+def teacher_forced(hf: tuple[Any, Any], loaded: checkpoint.LoadedModel, texts: list[str]) -> tuple[torch.Tensor, ...]:
+    """Logits of transformers and of Tolk for the same padded batch, and the mask of real target positions."""
+    model, tokenizer = hf
+    batch = tokenizer(texts, text_target=target_lines(len(texts), 3), return_tensors="pt", padding=True)
+    pad, start = loaded.model.cfg.pad_id, loaded.model.cfg.decoder_start_id
+    labels = batch.pop("labels")
+    tgt_in = torch.cat([torch.full_like(labels[:, :1], start), labels[:, :-1]], dim=1)
+    with torch.no_grad():
+        theirs = model(**batch, decoder_input_ids=tgt_in).logits
+        ours = loaded.model(batch["input_ids"], tgt_in)
+    return theirs, ours, labels != pad
+
+
+def test_logits_equal_transformers(hf: tuple[Any, Any], imported: checkpoint.LoadedModel) -> None:
+    theirs, ours, real = teacher_forced(hf, imported, sample_texts())
+    assert (theirs - ours)[real].abs().max() < LOGITS_ATOL
+
+
+def test_greedy_equals_transformers_generate(hf: tuple[Any, Any], imported: checkpoint.LoadedModel) -> None:
+    texts = sample_texts()
+    theirs = hf_generate(*hf, texts, num_beams=1)
+    assert len({len(t) for t in theirs}) > 3  # outputs end at varied lengths, some at the limit
+    assert tolk_generate(imported, texts, beam_size=1) == theirs
+
+
+@pytest.mark.parametrize(("max_length", "length_penalty"), [(24, 1.0), (12, 1.0), (24, 0.6), (24, 2.0)])
+def test_beam_search_equals_transformers_generate(
+    hf: tuple[Any, Any], imported: checkpoint.LoadedModel, max_length: int, length_penalty: float
+) -> None:
+    texts = sample_texts()
+    theirs = hf_generate(*hf, texts, num_beams=4, max_length=max_length, length_penalty=length_penalty)
+    ours = tolk_generate(imported, texts, beam_size=4, max_new_tokens=max_length - 2, length_penalty=length_penalty)
+    assert ours == theirs
+
+
+def test_decoded_text_equals_marian_tokenizer(hf: tuple[Any, Any], imported: checkpoint.LoadedModel) -> None:
+    _, tokenizer = hf
+    for ids in tolk_generate(imported, sample_texts(), beam_size=1):
+        theirs = tokenizer.decode(ids, skip_special_tokens=True, use_source_tokenizer=False,
+                                  clean_up_tokenization_spaces=False)
+        assert imported.tokenizer.decode(ids).strip() == theirs  # transformers strips the ends
+
+
+@pytest.mark.parametrize("changes", [
+    dict(activation_function="gelu", share_encoder_decoder_embeddings=False, tie_word_embeddings=False,
+         scale_embedding=False),
+    dict(activation_function="relu", tie_word_embeddings=False),
+])
+def test_other_marian_configurations_give_equal_logits(tmp_path: Path, changes: dict[str, Any]) -> None:
+    src = build_hf_dir(tmp_path / "hf", seed=1, steps=0, **changes)
+    hf = load_hf(src)
+    loaded = checkpoint.load(marian.import_marian(src, tmp_path / "tolk"), device="cpu")
+    assert not loaded.model.cfg.tie_output  # and transformers 5 then shares nothing: three separate tables
+    theirs, ours, real = teacher_forced(hf, loaded, sample_texts(12))
+    assert (theirs - ours)[real].abs().max() < LOGITS_ATOL
+
+
+def test_pytorch_model_bin_is_loaded_without_pickle(hf_dir: Path, tmp_path: Path) -> None:
+    src = tmp_path / "bin"
+    shutil.copytree(hf_dir, src)
+    weights = marian.load_weights(src)
+    shared = weights["model.shared.weight"]  # transformers 4 also wrote the tied tables and the positions
+    for name in ("model.encoder.embed_tokens.weight", "model.decoder.embed_tokens.weight", "lm_head.weight"):
+        weights[name] = shared.clone()
+    for stack in ("encoder", "decoder"):
+        weights[f"model.{stack}.embed_positions.weight"] = sinusoidal_table(128, 32)
+    (src / "model.safetensors").unlink()
+    torch.save(weights, src / "pytorch_model.bin")
+    a = checkpoint.load(marian.import_marian(hf_dir, tmp_path / "a"), device="cpu").model.state_dict()
+    b = checkpoint.load(marian.import_marian(src, tmp_path / "b"), device="cpu").model.state_dict()
+    assert all(torch.equal(a[k], b[k]) for k in a)
+
+
+def same_model_dirs(a: Path, b: Path) -> None:
+    for name in ("config.json", "generation.json", "vocab.json", "info.json", "source.spm", "target.spm"):
+        assert (a / name).exists() == (b / name).exists(), name
+        if (a / name).exists():
+            assert (a / name).read_bytes() == (b / name).read_bytes(), name
+    wa, wb = marian.load_file(str(a / "model.safetensors")), marian.load_file(str(b / "model.safetensors"))
+    assert wa.keys() == wb.keys() and all(torch.equal(wa[k], wb[k]) for k in wa)
+
+
+def test_export_then_import_is_the_identity(imported: checkpoint.LoadedModel, hf: tuple[Any, Any],
+                                            tmp_path: Path) -> None:
+    out = marian.export_marian(imported.path, tmp_path / "hf")
+    same_model_dirs(imported.path, marian.import_marian(out, tmp_path / "again", name=imported.info.name))
+    theirs, _, real = teacher_forced(hf, imported, sample_texts(12))
+    again, _, _ = teacher_forced(load_hf(out), imported, sample_texts(12))
+    assert torch.equal(theirs[real], again[real])
+
+
+def test_a_tolk_model_exports_to_transformers(tiny_model_dir: Path, tmp_path: Path) -> None:
+    out = marian.export_marian(tiny_model_dir, tmp_path / "hf")
+    hf = load_hf(out)
+    loaded = checkpoint.load(tiny_model_dir, device="cpu")
+    hf_id = json.loads((out / "vocab.json").read_text())  # pad moved last: the other ids shift down by one
+    assert hf_id["<pad>"] == loaded.model.cfg.src_vocab_size - 1 and hf[0].config.decoder_start_token_id == 0
+
+    def as_hf(ids: list[int]) -> list[int]:
+        return [hf_id[loaded.tokenizer.source.id_to_piece(i)] for i in ids]
+
+    texts = corpus_lines(24, seed=5)
+    for text in texts:
+        assert hf[1](text).input_ids == as_hf(loaded.tokenizer.encode(text))
+    for beam in (1, 4):
+        ours = [as_hf(t) for t in tolk_generate(loaded, texts, beam_size=beam)]
+        assert ours == hf_generate(*hf, texts, num_beams=beam)
+    same_model_dirs(tiny_model_dir, marian.import_marian(out, tmp_path / "again", name=loaded.info.name))
+
+
+def edited_copy(src: Path, dst: Path, file: str, changes: dict[str, Any]) -> Path:
+    shutil.copytree(src, dst)
+    data = json.loads((dst / file).read_text())
+    (dst / file).write_text(json.dumps({**data, **changes}))
+    return dst
+
+
+@pytest.mark.parametrize(("file", "changes", "field"), [
+    ("config.json", {"activation_function": "gelu_new"}, "activation_function"),
+    ("config.json", {"normalize_embedding": True}, "normalize_embedding"),
+    ("config.json", {"static_position_embeddings": False}, "static_position_embeddings"),
+    ("config.json", {"normalize_before": True}, "normalize_before"),
+    ("config.json", {"decoder_attention_heads": 2}, "decoder_attention_heads"),
+    ("config.json", {"model_type": "bart"}, "model_type"),
+    ("generation_config.json", {"early_stopping": True}, "early_stopping"),
+    ("generation_config.json", {"bad_words_ids": [[5]]}, "bad_words_ids"),
+    ("generation_config.json", {"forced_eos_token_id": 3}, "forced_eos_token_id"),
+    ("generation_config.json", {"num_beam_groups": 2}, "num_beam_groups"),
+    ("tokenizer_config.json", {"separate_vocabs": True}, "separate_vocabs"),
+])
+def test_unsupported_fields_are_refused_by_name(
+    hf_dir: Path, tmp_path: Path, file: str, changes: dict[str, Any], field: str
+) -> None:
+    src = edited_copy(hf_dir, tmp_path / "hf", file, changes)
+    shutil.copyfile(src / "vocab.json", src / "target_vocab.json")
+    with pytest.raises(marian.UnsupportedCheckpoint, match=field):
+        marian.import_marian(src, tmp_path / "out")
+
+
+def test_unknown_tensors_and_pre_norm_export_are_refused(hf_dir: Path, tmp_path: Path) -> None:
+    src = tmp_path / "hf"
+    shutil.copytree(hf_dir, src)
+    weights = marian.load_weights(src)
+    weights["model.encoder.layernorm_embedding.weight"] = torch.ones(32)
+    marian.save_file(weights, str(src / "model.safetensors"))
+    with pytest.raises(marian.UnsupportedCheckpoint, match="layernorm_embedding"):
+        marian.import_marian(src, tmp_path / "out")
+    with pytest.raises(marian.UnsupportedCheckpoint, match="norm='pre'"):
+        marian.hf_config(tiny_config(norm="pre"))
+
+
+def test_a_pre_norm_checkpoint_with_final_norms_imports_as_pre_norm(hf_dir: Path, tmp_path: Path) -> None:
+    """transformers 3 wrote such checkpoints (Marian was BART then); the final norms must be present."""
+    src = edited_copy(hf_dir, tmp_path / "hf", "config.json", {"normalize_before": True, "add_final_layer_norm": True})
+    weights = marian.load_weights(src)
+    for stack in ("encoder", "decoder"):
+        weights[f"model.{stack}.layer_norm.weight"] = torch.full((32,), 2.0)
+        weights[f"model.{stack}.layer_norm.bias"] = torch.zeros(32)
+    marian.save_file(weights, str(src / "model.safetensors"))
+    model = checkpoint.load(marian.import_marian(src, tmp_path / "out"), device="cpu").model
+    assert model.cfg.norm == "pre" and torch.equal(model.decoder_norm.weight, torch.full((32,), 2.0))
+
+
+def test_command_line(hf_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    def run(add: Any, main: Any, *argv: str) -> int:
+        parser = argparse.ArgumentParser()
+        add(parser)
+        return int(main(parser.parse_args(list(argv))))
+
+    out = tmp_path / "en-pt"
+    assert run(marian.add_import_arguments, marian.import_main, str(hf_dir), str(out)) == 0
+    assert checkpoint.ModelInfo.load(out / "info.json").target_language == "pt"
+    assert run(marian.add_import_arguments, marian.import_main, str(hf_dir), str(out)) == 1  # not empty
+    assert "--force" in capsys.readouterr().err
+    assert run(marian.add_export_arguments, marian.export_main, str(out), str(tmp_path / "hf")) == 0
+    bad = edited_copy(hf_dir, tmp_path / "bad", "config.json", {"activation_function": "tanh"})
+    assert run(marian.add_import_arguments, marian.import_main, str(bad), str(tmp_path / "x")) == 1
+    assert "activation_function" in capsys.readouterr().err
+
+
+def test_streamed_text_equals_decoded_text(imported: checkpoint.LoadedModel) -> None:
+    for ids in tolk_generate(imported, sample_texts(12), beam_size=1):
+        detok = imported.tokenizer.detokenizer()
+        streamed = "".join(detok.push(t) for t in ids) + detok.flush()
+        assert streamed == imported.tokenizer.decode(ids)
