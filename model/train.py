@@ -60,6 +60,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--seed", type=int, default=1)
     p.add_argument("--export", type=Path, default=None, help="write the averaged model directory here and stop")
+    p.add_argument("--default-beam-size", type=int, default=1, help="the exported model's default beam size")
 
 
 def lr_at(step: int, peak: float, warmup: int) -> float:
@@ -111,7 +112,8 @@ def averaged(run: Path, cfg: ModelConfig, count: int) -> Transformer:
 def export(args: argparse.Namespace, cfg: ModelConfig, spm_path: Path) -> None:
     model = averaged(args.run, cfg, args.average)
     info = checkpoint.ModelInfo("en-pt", "en", "pt")
-    checkpoint.save(args.export, model, info, spm_path, spm_path, generation={"beam_size": 4, "max_new_tokens": 256})
+    generation = {"beam_size": args.default_beam_size, "max_new_tokens": 256}
+    checkpoint.save(args.export, model, info, spm_path, spm_path, generation=generation)
     log.info("wrote %s", args.export)
 
 
