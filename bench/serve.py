@@ -196,6 +196,7 @@ def parse_args() -> argparse.Namespace:
     source.add_argument("--model", type=Path, help="a model directory")
     source.add_argument("--random", metavar="WxLxV", help="a random model of this geometry, e.g. 512x6x8000")
     source.add_argument("--tiny", action="store_true", help="the tiny test model (tests/tiny.py)")
+    p.add_argument("--sentences", type=Path, help="real sentences, one per line (e.g. data/corpus/test.en)")
     p.add_argument("--clients", type=int, nargs="+", default=[1, 8, 32, 64])
     p.add_argument("--requests", type=int, default=0, help="requests per phase (default: max(32, 2 x clients))")
     p.add_argument("--stream-requests", type=int, default=0,
@@ -238,7 +239,9 @@ def run_phases(urls: dict[str, str], sentences: list[str], args: argparse.Namesp
 def main() -> int:
     args = parse_args()
     model_dir = model_directory(args)
-    if args.tiny:
+    if args.sentences:
+        sentences = args.sentences.read_text(encoding="utf-8").splitlines()[:512]
+    elif args.tiny:
         from tests.tiny import corpus_lines
 
         sentences = corpus_lines(512, seed=2)
