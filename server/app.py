@@ -16,7 +16,7 @@ from starlette.concurrency import run_in_threadpool
 from server.engine import Engine
 from server.errors import install_handlers
 from server.metrics import Metrics, MetricsMiddleware
-from server.routes import health, info, translate
+from server.routes import health, info, page, translate
 from server.routes import settings as settings_routes
 from server.schemas import SettingsUpdate, TranslateRequest
 from server.settings import Settings
@@ -64,7 +64,7 @@ def create_app(config: Settings | None = None) -> FastAPI:
     app.state.metrics = metrics = Metrics()
     app.state.engine = None
     install_handlers(app)
-    for module in (translate, info, settings_routes, health):
+    for module in (translate, info, settings_routes, health, page):
         app.include_router(module.router)
     app.add_middleware(MetricsMiddleware, metrics=metrics)
     if config.cors_origins:
