@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import random
-from collections.abc import Iterator
 
 import numpy as np
 import torch
@@ -52,7 +51,3 @@ def collate(
         t_in[row, 1 : len(y)] = y[:-1]
     return s, t_in, t_out
 
-
-def iterate(batches: list[list[int]], start: int) -> Iterator[tuple[int, list[int]]]:
-    for k in range(start, len(batches)):
-        yield k, batches[k]
