@@ -42,10 +42,10 @@ def _add_recipe(subparsers: Any, name: str, module: str, add: str, run: str, hel
     try:
         mod = importlib.import_module(module)
         getattr(mod, add)(parser)
-        parser.set_defaults(run=getattr(mod, run))
+        parser.set_defaults(handler=getattr(mod, run))
     except (ImportError, AttributeError) as exc:
         parser.add_argument("rest", nargs=argparse.REMAINDER, help=argparse.SUPPRESS)
-        parser.set_defaults(run=partial(_unavailable, command, module, str(exc)))
+        parser.set_defaults(handler=partial(_unavailable, command, module, str(exc)))
 
 
 def _serve_arguments(parser: argparse.ArgumentParser) -> None:
@@ -158,10 +158,10 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     p = sub.add_parser("serve", help="start the translation server")
     _serve_arguments(p)
-    p.set_defaults(run=serve)
+    p.set_defaults(handler=serve)
     p = sub.add_parser("translate", help="translate stdin lines to stdout")
     _translate_arguments(p)
-    p.set_defaults(run=translate)
+    p.set_defaults(handler=translate)
     groups: dict[str, Any] = {}
     for path, module, add, run, help_ in RECIPES:
         target = sub
@@ -177,7 +177,7 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
-    run: Run | None = getattr(args, "run", None)
+    run: Run | None = getattr(args, "handler", None)
     if run is None:
         parser.print_help()
         return 2

@@ -116,6 +116,9 @@ def test_cli_parser_knows_every_command() -> None:
     assert {"serve", "translate", "data", "train", "eval", "import-marian", "export-marian"} <= set(commands)
     args = parser.parse_args(["serve", "--port", "9000", "--model", "a", "--model", "b"])
     assert (args.port, args.model) == (9000, [Path("a"), Path("b")])
+    # `tolk train --run DIR` is the model card's command: its --run must not shadow the command's handler
+    args = parser.parse_args(["train", "--corpus", "c", "--run", "r"])
+    assert callable(args.handler) and args.run == Path("r")
 
 
 def test_cli_translate(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], tiny_model_dir: Path,
