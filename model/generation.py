@@ -37,7 +37,7 @@ class GenerationConfig:
             ("length_penalty", -10.0 <= self.length_penalty <= 10.0, "must be between -10 and 10"),
             ("do_sample", not (self.do_sample and self.beam_size > 1), "sampling needs beam_size 1"),
             ("temperature", 0.0 < self.temperature <= 100.0, "must be > 0 and <= 100"),
-            ("top_k", self.top_k >= 0, "must be >= 0"),
+            ("top_k", 0 <= self.top_k < 2**31, "must be between 0 and 2**31 - 1"),
             ("top_p", 0.0 < self.top_p <= 1.0, "must be > 0 and <= 1"),
             ("seed", self.seed is None or 0 <= self.seed < 2**63, "must be a non-negative integer"),
             ("repetition_penalty", 0.0 < self.repetition_penalty <= 10.0, "must be > 0 and <= 10"),

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
@@ -14,8 +15,9 @@ from pydantic import BaseModel
 from starlette.concurrency import run_in_threadpool
 
 from server.engine import Engine
-from server.errors import install_handlers
+from server.errors import DisconnectGuard, install_handlers
 from server.metrics import Metrics, MetricsMiddleware
+from server.ratelimit import RateLimiter
 from server.routes import health, info, page, translate
 from server.routes import settings as settings_routes
 from server.schemas import SettingsUpdate, TranslateRequest
@@ -27,12 +29,16 @@ log = logging.getLogger(__name__)
 @asynccontextmanager
 async def lifespan(app: FastAPI) -> AsyncIterator[None]:
     engine = Engine(app.state.settings, app.state.metrics)
+    supervisor: asyncio.Task[None] | None = None
     try:
         await run_in_threadpool(engine.start)  # loading weights blocks; the event loop stays free
         app.state.engine = engine
+        supervisor = asyncio.create_task(engine.supervise(app.state.settings.watchdog_interval))
         yield
     finally:
         app.state.engine = None
+        if supervisor is not None:
+            supervisor.cancel()
         engine.stop()
         log.info("schedulers stopped")
 
@@ -63,9 +69,11 @@ def create_app(config: Settings | None = None) -> FastAPI:
     app.state.settings = config
     app.state.metrics = metrics = Metrics()
     app.state.engine = None
+    app.state.rate_limiter = RateLimiter(config.rate_limit, config.rate_limit_storage) if config.rate_limit else None
     install_handlers(app)
     for module in (translate, info, settings_routes, health, page):
         app.include_router(module.router)
+    app.add_middleware(DisconnectGuard)
     app.add_middleware(MetricsMiddleware, metrics=metrics)
     if config.cors_origins:
         app.add_middleware(CORSMiddleware, allow_origins=config.cors_origins, allow_methods=["GET", "POST"],

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from dataclasses import dataclass
 from pathlib import Path
@@ -135,6 +136,25 @@ class Engine:
         if clamped != defaults:
             log.warning("model defaults clamped to the server's limits: %s", clamped)
         return clamped
+
+    def revive(self) -> list[str]:
+        """Restart every scheduler whose thread died (blocking: it allocates a new batch); their names."""
+        revived = []
+        for served in self.models:
+            if served.scheduler.dead:
+                log.error("scheduler of %s died (%r); restarting it", served.name, served.scheduler.failure)
+                served.scheduler.restart()
+                revived.append(served.name)
+        return revived
+
+    async def supervise(self, interval: float) -> None:
+        """Every `interval` seconds, restart dead schedulers (a failed restart is tried again next time)."""
+        while True:
+            await asyncio.sleep(interval)
+            try:
+                await run_in_threadpool(self.revive)
+            except Exception:
+                log.exception("restarting a scheduler failed; trying again in %g s", interval)
 
     @property
     def ready(self) -> bool:

@@ -10,11 +10,13 @@ import logging
 from collections.abc import Sequence
 from typing import Any
 
+import anyio
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from pydantic import ValidationError
 from starlette.exceptions import HTTPException
+from starlette.routing import Match
 
 log = logging.getLogger(__name__)
 
@@ -87,6 +89,12 @@ class Overloaded(TolkError):
     def __init__(self, message: str, retry_after: int) -> None:
         super().__init__(message)
         self.retry_after = retry_after
+
+
+class RateLimited(Overloaded):
+    """This client sent more requests than its rate limit allows."""
+
+    error_type = "rate_limited"
 
 
 class NotReady(TolkError):
@@ -174,6 +182,19 @@ _HTTP_TYPES: dict[int, type[TolkError]] = {
 }
 
 
+METHODS = ("GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS")
+
+
+def allowed_methods(request: Request) -> str:
+    """The methods the request's path answers to, for the `Allow` of a 405.
+
+    Starlette names only the methods of the first route with that path; GET and POST /settings are two routes.
+    """
+    routes = request.app.router.routes
+    return ", ".join(m for m in METHODS
+                     if any(r.matches({**request.scope, "method": m})[0] == Match.FULL for r in routes))
+
+
 def install_handlers(app: FastAPI) -> None:
     """Route every exception through the one table, so no error leaves with another shape."""
 
@@ -192,9 +213,49 @@ def install_handlers(app: FastAPI) -> None:
         response.status_code = exc.status_code
         if exc.headers:
             response.headers.update(exc.headers)
+        if exc.status_code == 405:
+            response.headers["Allow"] = allowed_methods(request) or response.headers.get("Allow", "")
         return response
 
     @app.exception_handler(Exception)
     async def on_unexpected(request: Request, exc: Exception) -> JSONResponse:
         log.exception("unhandled error on %s %s", request.method, request.url.path)
         return error_response(request, EngineFailure("internal server error"))
+
+
+class DisconnectGuard:
+    """ASGI middleware: a stream whose client has gone is not a server error.
+
+    fastapi.sse's keep-alive task may be handing over an event at the moment the response ends on a disconnect;
+    it then raises BrokenResourceError out of the request (a known FastAPI race). Once the answer has started, an
+    error made only of closed in-memory streams means the peer is gone: it is logged at debug and dropped, so it is
+    neither logged as a crash nor counted as an engine failure.
+    """
+
+    def __init__(self, app: Any) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        started = False
+
+        async def watch(message: Any) -> None:
+            nonlocal started
+            started = started or message["type"] == "http.response.start"
+            await send(message)
+
+        try:
+            await self.app(scope, receive, watch)
+        except BaseException as exc:
+            if not (started and _closed_streams_only(exc)):
+                raise
+            log.debug("%s %s: the client left mid-stream", scope.get("method"), scope.get("path"))
+
+
+def _closed_streams_only(exc: BaseException) -> bool:
+    closed = (anyio.BrokenResourceError, anyio.ClosedResourceError)
+    if isinstance(exc, BaseExceptionGroup):
+        return exc.split(closed)[1] is None
+    return isinstance(exc, closed)

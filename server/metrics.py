@@ -47,6 +47,12 @@ class Metrics:
                              buckets=STEP, registry=r)
         self.batch_rows = Histogram("tolk_batch_rows", "Rows in one decode step", ["model"], buckets=ROWS,
                                     registry=r)
+        self.out_of_memory = Counter("tolk_out_of_memory", "Out-of-memory errors survived by halving the batch",
+                                     ["model"], registry=r)
+        self.row_limit = Gauge("tolk_batch_rows_limit", "Rows the scheduler lets decode together now (lowered "
+                               "after an out-of-memory error)", ["model"], registry=r)
+        self.restarts = Counter("tolk_scheduler_restarts", "Scheduler threads restarted after they died", ["model"],
+                                registry=r)
         self.step = Histogram("tolk_decode_step_seconds", "Time of one decode step", ["model"], buckets=STEP,
                               registry=r)
 

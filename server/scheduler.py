@@ -5,6 +5,13 @@ fail jobs past their deadline, admit waiting sentences while there are free cach
 source tokens fit the budget), then run ONE decoder step for every active row (`DecodeBatch.step`). Finished
 sentences leave the batch at once, so their rows go to the next waiting sentence at the next step. Events go back
 to the event loop with one `call_soon_threadsafe` per step; the event loop never runs model code.
+
+Faults: a step or admission that raises fails the requests it touched (500) and the thread goes on with a fresh
+batch. An out-of-memory error halves instead: an admission is retried with half the sentences, and a step drops its
+newest half of the rows back to the head of the queue (they are decoded again from the start; tokens already
+streamed are not sent twice) and lowers the row limit, which climbs back after `recover_steps` calm steps. If the
+thread itself dies, its requests fail (500), `running` turns false (so /ready answers 503), and the engine's
+supervisor calls `restart()`.
 """
 
 from __future__ import annotations
@@ -12,6 +19,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import queue
+import random
 import threading
 import time
 from collections import deque
@@ -106,6 +114,8 @@ class _Record:
     finished: int = 0
     first_event: bool = False
     last_token: dict[int, float] = field(default_factory=dict)
+    emitted: dict[int, int] = field(default_factory=dict)  # Token events sent, per sentence
+    skip: dict[int, int] = field(default_factory=dict)  # tokens of a sentence decoded again to drop, not resend
 
 
 @dataclass
@@ -130,10 +140,15 @@ class Scheduler:
         self._stopping = threading.Event()
         self._started = threading.Event()
         self._failure: BaseException | None = None
-        self._thread = threading.Thread(target=self._run, name=f"tolk-scheduler-{name}", daemon=True)
+        self._thread = self._new_thread()
+        self._row_limit = settings.max_batch_rows  # lowered after an out-of-memory step
+        self._admit_cap = 0  # sentences per admission, 0 = no cap; set after an out-of-memory admission
+        self._calm_steps = 0
+        self.recover_steps = 256  # steps without a fault before the row limit and admission cap double again
         self._m = {name_: getattr(metrics, name_).labels(model=name) for name_ in (
             "input_tokens", "running", "waiting", "rows_used", "cache_bytes", "queue", "ttft", "itl",
-            "batch_rows", "step")}
+            "batch_rows", "step", "out_of_memory", "row_limit", "restarts")}
+        self._m["row_limit"].set(self._row_limit)
         self._generated = metrics.generated_tokens
 
     # --- the event loop's side -------------------------------------------------------------------------------
@@ -141,6 +156,15 @@ class Scheduler:
     @property
     def running(self) -> bool:
         return self._started.is_set() and self._thread.is_alive() and not self._stopping.is_set()
+
+    @property
+    def dead(self) -> bool:
+        """The thread started and then ended without being asked to stop."""
+        return self._started.is_set() and not self._thread.is_alive() and not self._stopping.is_set()
+
+    @property
+    def failure(self) -> BaseException | None:
+        return self._failure
 
     @property
     def queued(self) -> int:
@@ -158,13 +182,23 @@ class Scheduler:
         if self._failure is not None:
             raise RuntimeError(f"scheduler of {self.name} failed to start: {self._failure}") from self._failure
 
+    def restart(self, timeout: float = 300.0) -> None:
+        """Start a fresh thread (and batch) after the last one died; the jobs it held were already failed."""
+        if self._stopping.is_set() or self._thread.is_alive():
+            return
+        self._failure = None
+        self._started.clear()
+        self._thread = self._new_thread()
+        self._m["restarts"].inc()
+        self.start(timeout)
+
     def stop(self) -> None:
         """Fail what is still queued or decoding (the clients see 503) and join the thread."""
         self._stopping.set()
         self._inbox.put(None)
         if self._thread.is_alive():
             self._thread.join()
-        self._fail_remaining()  # a job submitted while the thread was ending (the thread is gone: safe here)
+        self._fail_remaining(ShuttingDown("the server is shutting down"))  # submitted as the thread ended
 
     def submit(self, sources: list[list[int]], configs: list[GenerationConfig], stream: bool = False) -> Job:
         """Queue a request's sentences; raises NotReady, Overloaded (429) or InvalidSettings at once."""
@@ -173,6 +207,8 @@ class Scheduler:
         widest = max(c.beam_size for c in configs)
         if widest > self.settings.max_batch_rows:
             raise InvalidSettings(f"beam_size must be at most {self.settings.max_batch_rows} on this server")
+        # samples get their seed now, so that a sentence decoded again after an out-of-memory error is the same
+        configs = [c.update(seed=random.getrandbits(62)) if c.do_sample and c.seed is None else c for c in configs]
         n = len(sources)
         with self._lock:
             if self._queued and self._queued + n > self.settings.max_queue:
@@ -186,6 +222,9 @@ class Scheduler:
         self._inbox.put(("cancel", job))
 
     # --- the scheduler thread ----------------------------------------------------------------------------------
+
+    def _new_thread(self) -> threading.Thread:
+        return threading.Thread(target=self._run, name=f"tolk-scheduler-{self.name}", daemon=True)
 
     def _new_batch(self) -> DecodeBatch:
         s = self.settings
@@ -219,14 +258,19 @@ class Scheduler:
                     for rec in [r for r in self._records.values() if r.admitted]:
                         self._close(rec.job, EngineFailure("the engine failed while translating"), release=False)
                     self.batch = batch = self._new_batch()
+        except BaseException as exc:  # the thread dies: its clients hear of it, and the supervisor restarts it
+            log.exception("scheduler of %s died", self.name)
+            self._failure = exc
+            self._fail_remaining(EngineFailure("the engine failed while translating"))
         finally:
-            self._fail_remaining()
+            self._fail_remaining(ShuttingDown("the server is shutting down"))
 
-    def _fail_remaining(self) -> None:
-        """At shutdown: every job still queued, in the inbox or decoding ends with ShuttingDown (503)."""
+    def _fail_remaining(self, error: TolkError) -> None:
+        """Every job still queued, in the inbox or decoding ends with this error (at shutdown: 503)."""
         self._receive(block=False)
+        self._waiting.clear()
         for job in list(self._records):
-            self._close(job, ShuttingDown("the server is shutting down"), release=False)
+            self._close(job, error, release=False)
 
     def _receive(self, block: bool) -> None:
         """Take new jobs and cancellations; waits for one when there is nothing else to do."""
@@ -270,16 +314,18 @@ class Scheduler:
         if not self.settings.batching and len(batch):
             return
         items: list[_Pending] = []
-        free, tokens = batch.free_rows, 0
+        free, tokens = min(batch.free_rows, self._row_limit - batch.n), 0
         while self._waiting:
             p = self._waiting[0]
             if p.job not in self._records:  # cancelled or failed while waiting
                 self._waiting.popleft()
                 continue
             n_src = len(p.job.sources[p.index])
-            full = items and (tokens + n_src > self.settings.max_admit_tokens or not self.settings.batching)
-            if p.job.configs[p.index].beam_size > free or full:
-                break
+            full = items and (tokens + n_src > self.settings.max_admit_tokens or not self.settings.batching
+                              or len(items) == self._admit_cap)
+            beam = p.job.configs[p.index].beam_size
+            if full or (beam > free and (items or len(batch) or beam > batch.free_rows)):
+                break  # (an empty batch takes one sentence whatever the row limit: it must make progress)
             self._waiting.popleft()
             items.append(p)
             free -= p.job.configs[p.index].beam_size
@@ -288,20 +334,30 @@ class Scheduler:
             return
         try:
             batch.admit([((p.job, p.index), p.job.sources[p.index], p.job.configs[p.index]) for p in items])
-        except Exception:  # these sentences left the queue without reaching the batch: fail their jobs here
+        except Exception as exc:  # these sentences left the queue without reaching the batch
+            if _out_of_memory(exc):
+                self._admit_cap = len(items) // 2
+                self._calm_steps = 0
+                self._count_oom(f"admitting {len(items)} sentences")
+                if items[1:]:  # retry with half of them at the next turn
+                    self._waiting.extendleft(reversed(items))
+                    return
+                self._close(items[0].job, EngineFailure("out of memory translating this sentence"), release=True)
+                self._admit_cap = 1
+                return
             for job in {p.job for p in items}:
                 self._close(job, EngineFailure("the engine failed while translating"), release=False)
             raise
         now = time.monotonic()
         with self._lock:
-            self._queued -= len(items)
+            self._queued -= sum(p.index >= self._records[p.job].admitted for p in items)  # not decoded again
         for p in items:
             rec = self._records[p.job]
             if rec.admitted == 0:
                 self._m["queue"].observe(now - rec.submitted)
                 self._m["waiting"].dec()
                 self._m["running"].inc()
-            rec.admitted += 1
+            rec.admitted = max(rec.admitted, p.index + 1)  # (a sentence decoded again was admitted before)
         self._m["input_tokens"].inc(tokens)
         self._m["rows_used"].set(batch.n)
 
@@ -309,8 +365,15 @@ class Scheduler:
         """One decoder step for all active rows; route its events to their jobs."""
         rows = batch.n
         start = time.perf_counter()
-        events = batch.step()
+        try:
+            events = batch.step()
+        except Exception as exc:
+            if not _out_of_memory(exc) or len(batch) < 2:
+                raise
+            self._halve(batch)
+            return
         self._m["step"].observe(time.perf_counter() - start)
+        self._calm()
         self._m["batch_rows"].observe(rows)
         now = time.monotonic()
         out: dict[Job, list[Event | TolkError]] = {}
@@ -321,12 +384,16 @@ class Scheduler:
                 rec.first_event = True
                 self._m["ttft"].observe(now - rec.submitted)
             if isinstance(event, TokenEvent):
+                if rec.skip.get(index):  # decoded again after an out-of-memory step: the client has this one
+                    rec.skip[index] -= 1
+                    continue
                 last = rec.last_token.get(index)
                 if last is not None:
                     self._m["itl"].observe(now - last)
                 rec.last_token[index] = now
                 if job.stream:
                     out.setdefault(job, []).append(Token(index, event.token, event.logprob))
+                    rec.emitted[index] = rec.emitted.get(index, 0) + 1
                 continue
             best = event.hypotheses[0]
             self._generated.labels(model=self.name, reason=best.finish_reason).inc(len(best.tokens))
@@ -339,6 +406,44 @@ class Scheduler:
         self._m["rows_used"].set(batch.n)
         self._deliver(out)
 
+    def _halve(self, batch: DecodeBatch) -> None:
+        """Out of memory in a step: the newest sentences leave until half the rows remain, and wait at the head
+        of the queue to be decoded again from the start; the row limit drops to what remains."""
+        keep, again = batch.n // 2, []
+        for key in reversed(list(batch.seqs)):
+            if batch.n <= keep or len(batch) == 1:
+                break
+            job, index = cast(tuple[Job, int], key)
+            batch.cancel(key)
+            rec = self._records[job]
+            rec.skip[index] = rec.emitted.get(index, 0)
+            rec.last_token.pop(index, None)
+            again.append(_Pending(job, index))
+        self._waiting.extendleft(again)  # `again` is newest first: extendleft puts the oldest at the head
+        self._row_limit = max(1, batch.n)
+        self._calm_steps = 0
+        self._m["rows_used"].set(batch.n)
+        self._count_oom(f"a step of {batch.n + sum(p.job.configs[p.index].beam_size for p in again)} rows")
+
+    def _count_oom(self, what: str) -> None:
+        log.warning("out of memory in %s of %s; row limit now %d, admission cap %s", what, self.name,
+                    self._row_limit, self._admit_cap or "none")
+        self._m["out_of_memory"].inc()
+        self._m["row_limit"].set(self._row_limit)
+        if self.model.device.type == "cuda":
+            torch.cuda.empty_cache()
+
+    def _calm(self) -> None:
+        """A step went through: after enough of them, let the row limit and admission cap grow again."""
+        if self._row_limit == self.settings.max_batch_rows and not self._admit_cap:
+            return
+        self._calm_steps += 1
+        if self._calm_steps >= self.recover_steps:
+            self._calm_steps = 0
+            self._row_limit = min(self.settings.max_batch_rows, self._row_limit * 2)
+            self._admit_cap = 0 if self._admit_cap * 2 >= self.settings.max_batch_rows else self._admit_cap * 2
+            self._m["row_limit"].set(self._row_limit)
+
     @staticmethod
     def _deliver(out: dict[Job, list[Event | TolkError]]) -> None:
         """Hand events to their event loops: one callback per loop per step."""
@@ -350,6 +455,12 @@ class Scheduler:
                 loop.call_soon_threadsafe(_dispatch, batches)
             except RuntimeError:  # the loop has closed: nobody is listening any more
                 log.debug("event loop closed; %d jobs' events dropped", len(batches))
+
+
+def _out_of_memory(exc: BaseException) -> bool:
+    """A device (CUDA) or host allocation failure, as opposed to a bug."""
+    return isinstance(exc, torch.OutOfMemoryError) or (
+        isinstance(exc, RuntimeError) and "can't allocate memory" in str(exc))
 
 
 def _dispatch(batches: list[tuple[Job, list[Event | TolkError]]]) -> None:

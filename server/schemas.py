@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
+
+# What a tensor of the decode step can hold: a larger option (top_k = 2**64) would fail the whole batch's step.
+Int64 = Annotated[int, Field(ge=-(2**63), le=2**63 - 1)]
 
 
 class GenerationOptions(BaseModel):
@@ -12,18 +15,18 @@ class GenerationOptions(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    beam_size: int | None = Field(default=None, description="1 = greedy or sampling; >1 = beam search")
-    num_hypotheses: int | None = Field(default=None, description="n-best kept by beam search")
+    beam_size: Int64 | None = Field(default=None, description="1 = greedy or sampling; >1 = beam search")
+    num_hypotheses: Int64 | None = Field(default=None, description="n-best kept by beam search")
     length_penalty: float | None = None
     do_sample: bool | None = None
     temperature: float | None = None
-    top_k: int | None = None
+    top_k: Int64 | None = None
     top_p: float | None = None
-    seed: int | None = Field(default=None, description="makes sampling reproducible")
+    seed: Int64 | None = Field(default=None, description="makes sampling reproducible")
     repetition_penalty: float | None = None
-    no_repeat_ngram_size: int | None = None
-    min_new_tokens: int | None = None
-    max_new_tokens: int | None = None
+    no_repeat_ngram_size: Int64 | None = None
+    min_new_tokens: Int64 | None = None
+    max_new_tokens: Int64 | None = None
     return_scores: bool = Field(default=False, description="add `details` (scores, token counts) to the answer")
 
     def generation(self) -> dict[str, Any]:
@@ -36,9 +39,10 @@ class TranslateRequest(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    q: str | list[str] = Field(description="a text or a list of texts")
-    source: str = Field(default="auto", description="language code or 'auto' (the only source the target has)")
-    target: str | None = None
+    q: str | list[str] = Field(description="a text or a list of texts", examples=["Open the file."])
+    source: str = Field(default="auto", description="language code or 'auto' (the only source the target has)",
+                        examples=["en"])
+    target: str | None = Field(default=None, description="language code", examples=["pt"])
     format: Literal["text", "html"] = "text"
     alternatives: int = Field(default=0, ge=0, description="extra translations per text (beam search n-best)")
     api_key: str | None = None
@@ -88,3 +92,8 @@ class SettingsUpdate(BaseModel):
 class ErrorBody(BaseModel):
     error: str
     error_type: str
+
+
+def error_responses(*codes: int) -> dict[int | str, dict[str, Any]]:
+    """OpenAPI `responses` for the error statuses a route answers, each with the error body."""
+    return {code: {"model": ErrorBody} for code in codes}

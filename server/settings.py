@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
+from limits import parse_many
 from pydantic import Field, SecretStr, field_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
@@ -39,6 +40,8 @@ class Settings(BaseSettings):
     max_source_tokens: int = Field(default=256, ge=8, le=4096, description="longest sentence; longer ones are split")
     max_queue: int = Field(default=1024, ge=1, description="sentences waiting for rows before requests get 429")
     request_timeout: float = Field(default=60.0, gt=0, description="seconds to wait and decode before a 504")
+    watchdog_interval: float = Field(default=1.0, gt=0, description="seconds between checks that restart a "
+                                     "dead scheduler thread")
     retry_after: int = Field(default=1, ge=1, description="seconds suggested in Retry-After with a 429")
 
     # Limits of requests
@@ -55,11 +58,23 @@ class Settings(BaseSettings):
         default_factory=list, description="empty = no key needed to translate"
     )
     admin_key: SecretStr | None = Field(default=None, description="needed to change defaults at run time")
+    rate_limit: str | None = Field(
+        default=None, description='translate requests per client (API key, else address): "60/minute", '
+        '"10/second;1000/hour"; None = no limit'
+    )
+    rate_limit_storage: str = Field(default="memory://", description="where the counts live (a `limits` URI)")
 
     @field_validator("models", "cors_origins", "api_keys", mode="before")
     @classmethod
     def _lists(cls, value: Any) -> Any:
         return _split_list(value)
+
+    @field_validator("rate_limit")
+    @classmethod
+    def _rate(cls, value: str | None) -> str | None:
+        if value:
+            parse_many(value)  # ValueError on a malformed rule, at start-up rather than at the first request
+        return value or None
 
     def public(self) -> dict[str, Any]:
         """The limits a client may see (no paths, no keys)."""
@@ -68,4 +83,4 @@ class Settings(BaseSettings):
                 "batching", "max_batch_rows", "max_source_tokens", "max_queue", "request_timeout", "max_text_chars",
                 "max_texts", "max_body_bytes", "max_new_tokens", "max_beam_size", "max_alternatives",
             }
-        ) | {"api_key_required": bool(self.api_keys)}
+        ) | {"api_key_required": bool(self.api_keys), "rate_limit": self.rate_limit}

@@ -117,13 +117,23 @@ class _Segmenter(HTMLParser):
         self._raw_depth -= tag in self.RAW and self._raw_depth > 0
 
     def handle_data(self, data: str) -> None:
-        self.parts.append((self._raw_depth == 0, data))
+        is_text = self._raw_depth == 0
+        if is_text and self.parts and self.parts[-1][0]:  # a stray "<" comes as data of its own: one text node
+            self.parts[-1] = (True, self.parts[-1][1] + data)
+        else:
+            self.parts.append((is_text, data))
 
     def handle_comment(self, data: str) -> None:
         self.parts.append((False, f"<!--{data}-->"))
 
     def handle_decl(self, decl: str) -> None:
         self.parts.append((False, f"<!{decl}>"))
+
+    def handle_pi(self, data: str) -> None:
+        self.parts.append((False, f"<?{data}>"))
+
+    def unknown_decl(self, data: str) -> None:  # <![CDATA[...]]> and other marked sections
+        self.parts.append((False, f"<![{data}]]>"))
 
 
 def split_html(document: str) -> list[tuple[bool, str]]:

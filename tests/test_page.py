@@ -10,9 +10,7 @@ from __future__ import annotations
 import json
 import re
 import shutil
-import socket
 import struct
-import threading
 import time
 import urllib.request
 import zlib
@@ -21,12 +19,12 @@ from pathlib import Path
 from typing import Any, NoReturn
 
 import pytest
-import uvicorn
 from fastapi.testclient import TestClient
 from prometheus_client.parser import text_string_to_metric_families
 
 from server.app import create_app
 from server.settings import Settings
+from tests.live import live_server
 
 ROOT = Path(__file__).resolve().parents[1]
 STATIC = ROOT / "server" / "static"
@@ -76,12 +74,6 @@ def test_static_files_ship_with_the_package() -> None:
 # ---------------------------------------------------------------- a live server and a browser
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 def _get(url: str) -> tuple[int, bytes]:
     try:
         with urllib.request.urlopen(url, timeout=5) as response:
@@ -92,20 +84,8 @@ def _get(url: str) -> tuple[int, bytes]:
 
 @pytest.fixture(scope="module")
 def base_url(tiny_model_dir: Path) -> Iterator[str]:
-    """uvicorn serving the tiny model on a free loopback port, in a thread of this process."""
-    port = _free_port()
-    server = uvicorn.Server(uvicorn.Config(create_app(settings(tiny_model_dir)), host="127.0.0.1", port=port,
-                                           log_level="warning"))
-    thread = threading.Thread(target=server.run, name="uvicorn", daemon=True)
-    thread.start()
-    url = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 60
-    while _get(url + "/ready")[0] != 200:
-        assert thread.is_alive() and time.monotonic() < deadline, "the server did not become ready"
-        time.sleep(0.1)
-    yield url
-    server.should_exit = True
-    thread.join(30)
+    with live_server(create_app(settings(tiny_model_dir))) as url:
+        yield url
 
 
 def _skip(config: pytest.Config, reason: str) -> NoReturn:

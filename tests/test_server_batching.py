@@ -4,7 +4,6 @@ a full queue answers 429, a late request 504, a failing step 500, and shutdown e
 from __future__ import annotations
 
 import asyncio
-import threading
 import time
 from collections.abc import Callable, Iterator, MutableMapping
 from concurrent.futures import ThreadPoolExecutor
@@ -14,7 +13,6 @@ from typing import Any
 
 import httpx
 import pytest
-import uvicorn
 from fastapi import FastAPI
 from fastapi.testclient import TestClient
 
@@ -24,6 +22,7 @@ from server.app import create_app
 from server.errors import Overloaded, ShuttingDown
 from server.scheduler import Finished, Scheduler
 from server.translator import TextDone, Translation, make_plan
+from tests.live import live_server
 from tests.test_server_api import metric, parse_sse, server_settings
 
 LONG = {"q": "Open the file.", "target": "pt", "options": {"min_new_tokens": 40, "max_new_tokens": 40}}
@@ -183,25 +182,10 @@ def test_json_disconnect_cancels_rows(client: TestClient) -> None:
     assert finished_sentences(client) == before
 
 
-@contextmanager
-def real_server(app: FastAPI) -> Iterator[str]:
-    """uvicorn on a loopback port, sharing the app (and its running lifespan) with the TestClient."""
-    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=0, lifespan="off", log_level="warning"))
-    thread = threading.Thread(target=server.run, daemon=True)
-    thread.start()
-    wait_for(lambda: server.started)
-    port = server.servers[0].sockets[0].getsockname()[1]
-    try:
-        yield f"http://127.0.0.1:{port}"
-    finally:
-        server.should_exit = True
-        thread.join(5)
-
-
 def test_real_disconnects_cancel_rows(client: TestClient) -> None:
     scheduler = scheduler_of(client)
     before = finished_sentences(client)
-    with slow_steps(scheduler, 0.01), real_server(client.app) as url:  # type: ignore[arg-type]
+    with slow_steps(scheduler, 0.01), live_server(client.app, lifespan=False) as url:  # type: ignore[arg-type]
         with pytest.raises(httpx.ReadTimeout):
             httpx.post(f"{url}/translate", json=LONG, timeout=0.2)
         wait_for(lambda: scheduler.batch is not None and scheduler.batch.n == 0)

@@ -7,6 +7,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from server.deps import MetricsDep
 from server.errors import NotReady
+from server.schemas import error_responses
 
 router = APIRouter(tags=["health"])
 
@@ -16,7 +17,7 @@ async def health() -> dict[str, str]:
     return {"status": "ok"}
 
 
-@router.get("/ready")
+@router.get("/ready", responses=error_responses(503))
 async def ready(request: Request) -> dict[str, object]:
     """200 once every model is loaded and its scheduler runs; 503 before, after, or if one stopped."""
     engine = getattr(request.app.state, "engine", None)
@@ -25,6 +26,7 @@ async def ready(request: Request) -> dict[str, object]:
     return {"status": "ready", "models": [m.name for m in engine.models]}
 
 
-@router.get("/metrics")
+@router.get("/metrics", response_class=Response, responses={
+    200: {"description": "Prometheus text exposition format", "content": {CONTENT_TYPE_LATEST.split(";")[0]: {}}}})
 async def metrics(m: MetricsDep) -> Response:
     return Response(generate_latest(m.registry), media_type=CONTENT_TYPE_LATEST)

@@ -7,7 +7,7 @@ from typing import Any
 from fastapi import APIRouter
 
 from server.deps import EngineDep
-from server.schemas import Language
+from server.schemas import Language, error_responses
 
 router = APIRouter(tags=["info"])
 
@@ -19,7 +19,7 @@ NAMES = {
 }
 
 
-@router.get("/languages", response_model=list[Language])
+@router.get("/languages", response_model=list[Language], responses=error_responses(503))
 async def languages(engine: EngineDep) -> list[Language]:
     """Each source language with the targets it can be translated into."""
     targets: dict[str, list[str]] = {}
@@ -28,7 +28,7 @@ async def languages(engine: EngineDep) -> list[Language]:
     return [Language(code=code, name=NAMES.get(code, code), targets=sorted(t)) for code, t in sorted(targets.items())]
 
 
-@router.get("/models")
+@router.get("/models", responses=error_responses(503))
 async def models(engine: EngineDep) -> list[dict[str, Any]]:
     """The loaded models: languages, device, dtype, parameters, architecture, scheduler state."""
     return [served.describe() for served in engine.models]

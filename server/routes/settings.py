@@ -10,7 +10,7 @@ from fastapi import APIRouter, Request
 from server.deps import AdminDep, EngineDep, SettingsDep, read_body, validate_json
 from server.engine import Engine, check_limits
 from server.errors import InvalidSettings
-from server.schemas import SettingsUpdate
+from server.schemas import SettingsUpdate, error_responses
 from server.settings import Settings
 
 router = APIRouter(tags=["settings"])
@@ -21,14 +21,15 @@ def _view(engine: Engine, settings: Settings) -> dict[str, Any]:
     return {"defaults": {m.name: m.defaults.to_dict() for m in engine.models}, "limits": settings.public()}
 
 
-@router.get("/settings")
+@router.get("/settings", responses=error_responses(503))
 async def get_settings(engine: EngineDep, settings: SettingsDep) -> dict[str, Any]:
     """Each model's generation defaults, and the limits every request must stay within."""
     return _view(engine, settings)
 
 
-@router.post("/settings", openapi_extra={"requestBody": {"content": {"application/json": {
-    "schema": {"$ref": "#/components/schemas/SettingsUpdate"}}}, "required": True}})
+@router.post("/settings", responses=error_responses(400, 401, 403, 404, 413, 422, 503), openapi_extra={
+    "requestBody": {"content": {"application/json": {"schema": {"$ref": "#/components/schemas/SettingsUpdate"}}},
+                    "required": True}})
 async def update_settings(request: Request, _: AdminDep, engine: EngineDep, settings: SettingsDep) -> dict[str, Any]:
     """Change the generation defaults of one model (or all); every model is checked before any changes."""
     update: SettingsUpdate = validate_json(SettingsUpdate, await read_body(request, settings.max_body_bytes))

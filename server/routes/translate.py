@@ -9,11 +9,19 @@ from typing import Annotated, Any, TypeVar
 from fastapi import APIRouter, Depends, Request
 from fastapi.sse import EventSourceResponse, ServerSentEvent
 
-from server.deps import EngineDep, MetricsDep, SettingsDep, TranslateRequestDep, check_api_key
+from server.deps import EngineDep, MetricsDep, SettingsDep, TranslateRequestDep, bearer, check_api_key
 from server.engine import Engine, ServedModel
 from server.errors import ClientClosed, EmptyText, InvalidSettings, PayloadTooLarge, TolkError, error_body
 from server.metrics import Metrics
-from server.schemas import DetectedLanguage, ErrorBody, TextDetails, TranslateRequest, TranslateResponse
+from server.ratelimit import RateLimiter, client_identity
+from server.schemas import (
+    DetectedLanguage,
+    ErrorBody,
+    GenerationOptions,
+    TextDetails,
+    TranslateRequest,
+    TranslateResponse,
+)
 from server.settings import Settings
 from server.text import check_text
 from server.translator import PieceEvent, TextResult, Translation
@@ -21,15 +29,52 @@ from server.translator import PieceEvent, TextResult, Translation
 router = APIRouter(tags=["translate"])
 T = TypeVar("T")
 
+
+def _non_null(schema: dict[str, Any]) -> dict[str, Any]:
+    """A field's schema without its `null` alternative: a form or query field that is absent is None."""
+    alternatives = [s for s in schema.get("anyOf", []) if s.get("type") != "null"]
+    if len(alternatives) != 1:
+        return schema
+    rest = {k: v for k, v in schema.items() if k not in ("anyOf", "default")}
+    return {**alternatives[0], **rest}
+
+
+def _flat_fields() -> dict[str, dict[str, Any]]:
+    """Form and query fields: the request's fields, with the generation options as fields of their own.
+
+    (An `options` field holding the options as a JSON object is taken too, but only the flat form is documented.)
+    """
+    fields = {**TranslateRequest.model_json_schema()["properties"],
+              **GenerationOptions.model_json_schema()["properties"]}
+    del fields["options"]
+    fields["q"] = {"type": "array", "items": {"type": "string"}, "description": "a text; repeated for several texts",
+                   "examples": [["Open the file."]]}
+    return {name: _non_null(schema) for name, schema in fields.items()}
+
+
+FORM_SCHEMA = {"type": "object", "properties": _flat_fields(), "required": ["q"], "additionalProperties": False}
 REQUEST_BODY = {
     "content": {
         "application/json": {"schema": {"$ref": "#/components/schemas/TranslateRequest"}},
-        "application/x-www-form-urlencoded": {"schema": {"$ref": "#/components/schemas/TranslateRequest"}},
+        "application/x-www-form-urlencoded": {"schema": FORM_SCHEMA},
     },
     "required": True,
 }
+QUERY_PARAMETERS = [
+    {"name": name, "in": "query", "required": name == "q", "schema": schema, "style": "form", "explode": True}
+    for name, schema in _flat_fields().items()
+]
+ERROR_STATUSES = (400, 401, 403, 413, 422, 429, 500, 503, 504)
+RETRY_AFTER = {"Retry-After": {"description": "seconds to wait", "schema": {"type": "integer"}}}
 ERRORS: dict[int | str, dict[str, Any]] = {
-    code: {"model": ErrorBody} for code in (400, 401, 403, 413, 422, 429, 500, 503, 504)
+    code: {"model": ErrorBody, **({"headers": RETRY_AFTER} if code == 429 else {})} for code in ERROR_STATUSES
+}
+# Refusals of a stream come before it starts, as JSON; `model` would file them under text/event-stream.
+# (ErrorBody is among the components through /translate's ERRORS.)
+STREAM_ERRORS: dict[int | str, dict[str, Any]] = {
+    code: {"content": {"application/json": {"schema": {"$ref": "#/components/schemas/ErrorBody"}}},
+           **({"headers": RETRY_AFTER} if code == 429 else {})}
+    for code in ERROR_STATUSES
 }
 
 
@@ -37,6 +82,10 @@ async def start(request: Request, req: TranslateRequest, engine: Engine, setting
                 stream: bool) -> tuple[ServedModel, Translation]:
     """Check the request and queue its sentences; every refusal happens here, before any answer starts."""
     check_api_key(request, settings, req.api_key)
+    limiter: RateLimiter | None = request.app.state.rate_limiter
+    if limiter is not None:
+        # a key counts only once verified: without keys on, a made-up key must not buy a fresh allowance
+        limiter.hit(client_identity(request, (bearer(request) or req.api_key) if settings.api_keys else None))
     texts = req.texts
     if not texts:
         raise EmptyText("q is empty; there is nothing to translate")
@@ -136,8 +185,9 @@ async def sse_events(translation: Translation, metrics: Metrics) -> AsyncIterato
 
 
 @router.post("/translate/stream", response_class=EventSourceResponse, openapi_extra={"requestBody": REQUEST_BODY},
-             responses=ERRORS)
-@router.get("/translate/stream", response_class=EventSourceResponse, responses=ERRORS)
+             responses=STREAM_ERRORS)
+@router.get("/translate/stream", response_class=EventSourceResponse, openapi_extra={"parameters": QUERY_PARAMETERS},
+            responses=STREAM_ERRORS)
 async def translate_stream(translation: StreamDep, metrics: MetricsDep) -> AsyncIterator[ServerSentEvent]:
     """Stream translations as server-sent events (GET takes the same fields as query parameters)."""
     async for event in sse_events(translation, metrics):
