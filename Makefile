@@ -28,8 +28,10 @@ lint: setup
 serve: setup
 	$(BIN)/tolk serve --host $(HOST) --port $(PORT)
 
+# Every table of docs/benchmarks.md, one script after another (about 1.5 hours on the 2-core machine; run it quiet).
 bench: setup
-	$(BIN)/python bench/decode.py
+	$(BIN)/pip install --quiet -e ".[bench]"
+	PYTHON=$(BIN)/python bash bench/run_all.sh
 
 corpus: setup
 	$(BIN)/tolk data build

