@@ -10,7 +10,7 @@ from typing import Any
 
 from starlette.concurrency import run_in_threadpool
 
-from model.checkpoint import LoadedModel, load
+from model.checkpoint import LoadedModel, load, resolve_device
 from model.generation import GenerationConfig
 from server.errors import InvalidSettings, NotFound, NotReady, UnsupportedLanguage
 from server.metrics import Metrics
@@ -39,6 +39,13 @@ def model_dirs(settings: Settings) -> list[Path]:
             "TOLK_MODELS, or put a model directory (config.json, model.safetensors, ...) under weights/."
         )
     return found
+
+
+def serving_dtype(settings: Settings) -> str:
+    """The precision to serve in: as configured, or for 'auto' int8 on the CPU and float32 on a GPU."""
+    if settings.dtype != "auto":
+        return settings.dtype
+    return "int8" if resolve_device(settings.device).type == "cpu" else "float32"
 
 
 def check_limits(config: GenerationConfig, settings: Settings) -> GenerationConfig:
@@ -110,7 +117,7 @@ class Engine:
     def start(self) -> None:
         """Load every model and start its scheduler (blocking: called from the lifespan in a worker thread)."""
         for directory in model_dirs(self.settings):
-            loaded = load(directory, device=self.settings.device, dtype=self.settings.dtype)
+            loaded = load(directory, device=self.settings.device, dtype=serving_dtype(self.settings))
             name = loaded.info.name
             if any(m.name == name for m in self.models):
                 raise NoModels(f"two model directories are named {name!r}")

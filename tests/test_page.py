@@ -36,7 +36,7 @@ CHROMIUM_FLAGS = ["--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first
 
 
 def settings(model_dir: Path) -> Settings:
-    return Settings(_env_file=None, models=[model_dir], device="cpu", threads=1,  # type: ignore[call-arg]
+    return Settings(_env_file=None, models=[model_dir], device="cpu", dtype="float32", threads=1,  # type: ignore[call-arg]
                     max_text_chars=MAX_CHARS, max_batch_rows=ROWS)
 
 

@@ -13,7 +13,7 @@ from fastapi.testclient import TestClient
 from model.checkpoint import LoadedModel
 from server.app import create_app
 from server.cli import build_parser, main
-from server.engine import NoModels, model_dirs
+from server.engine import NoModels, model_dirs, serving_dtype
 from server.settings import Settings
 from tests.test_server_api import server_settings
 from tests.test_server_batching import offline
@@ -128,3 +128,13 @@ def test_cli_translate(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFi
     lines = capsys.readouterr().out.split("\n")
     first = f"{offline(tiny_loaded, 'Open the file.')} {offline(tiny_loaded, 'Disk full.')}"
     assert lines[:3] == [first, "", offline(tiny_loaded, "Save all.")]
+
+
+def test_auto_precision_is_int8_on_the_cpu(tiny_model_dir: Path) -> None:
+    assert serving_dtype(Settings(_env_file=None, device="cpu")) == "int8"  # type: ignore[call-arg]
+    assert serving_dtype(Settings(_env_file=None, device="cpu", dtype="float32")) == "float32"  # type: ignore[call-arg]
+    settings = Settings(_env_file=None, models=[tiny_model_dir], device="cpu")  # type: ignore[call-arg]
+    with TestClient(create_app(settings)) as c:
+        (described,) = c.get("/models").json()
+        assert described["dtype"] == "int8"
+        assert c.post("/translate", json={"q": "Open the file.", "target": "pt"}).json()["translatedText"].strip()
