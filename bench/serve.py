@@ -72,7 +72,8 @@ def random_model_dir(directory: Path, geometry: str) -> Path:
 
 def start_server(model_dir: Path, port: int, batching: bool, args: argparse.Namespace) -> subprocess.Popen[bytes]:
     env = {**os.environ, "TOLK_MAX_BATCH_ROWS": str(args.rows), "TOLK_MAX_QUEUE": "100000",
-           "TOLK_REQUEST_TIMEOUT": "600", "TOLK_MAX_NEW_TOKENS": str(max(args.max_new_tokens, 1))}
+           "TOLK_REQUEST_TIMEOUT": "600", "TOLK_MAX_NEW_TOKENS": str(max(args.max_new_tokens, 1)),
+           "TOLK_DTYPE": args.dtype}
     command = [sys.executable, "-m", "server", "--model", str(model_dir), "--port", str(port), "--device",
                args.device, "--threads", str(args.threads), "--log-level", "warning"]
     if not batching:
@@ -161,7 +162,7 @@ async def drive(url: str, sentences: list[str], clients: int, requests: int, opt
 def offline(model_dir: Path, sentences: list[str], args: argparse.Namespace) -> dict[str, Any]:
     """The engine alone: model.search.generate over the sentences with `rows` decoding together (best of 2)."""
     torch.set_num_threads(args.threads)
-    loaded = load(model_dir, device=args.device)
+    loaded = load(model_dir, device=args.device, dtype=args.dtype)
     config = loaded.generation.update(max_new_tokens=args.max_new_tokens)
     sources = [loaded.tokenizer.encode(s) for s in sentences]
     generate(loaded.model, sources[: args.rows], config, max_rows=args.rows)  # warm-up
@@ -205,6 +206,8 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--rows", type=int, default=32, help="cache rows of the batched server and of the offline run")
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--device", default="cpu")
+    p.add_argument("--dtype", default="float32", choices=["float32", "float16", "bfloat16", "int8"],
+                   help="of the servers and of the offline run")
     p.add_argument("--port", type=int, default=8765)
     p.add_argument("--work", type=Path, default=Path(tempfile.gettempdir()) / "tolk-bench")
     p.add_argument("--out", type=Path, default=ROOT / "bench" / "results" / "serve.json")
@@ -272,7 +275,7 @@ def main() -> int:
               f"batched/offline {summary[str(clients)]['fraction_of_offline']:.0%} (tokens/s)")
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps({
-        "model": str(model_dir), "device": args.device, "threads": args.threads, "rows": args.rows,
+        "model": str(model_dir), "device": args.device, "dtype": args.dtype, "threads": args.threads, "rows": args.rows,
         "max_new_tokens": args.max_new_tokens, "machine": {"cpu": platform.processor() or platform.machine(),
                                                            "cores": os.cpu_count(), "torch": torch.__version__},
         "offline": reference, "phases": rows, "summary": summary,
