@@ -17,7 +17,7 @@ import shutil
 import warnings
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import torch
 from safetensors.torch import load_model, save_model
@@ -27,6 +27,7 @@ from model.generation import GenerationConfig
 from model.tokenizer import Tokenizer
 from model.transformer import Transformer
 
+M = TypeVar("M", bound=torch.nn.Module)
 DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
 PRECISIONS = (*DTYPES, "int8")  # int8: float32 model whose linear layers are dynamically quantized (CPU)
 
@@ -76,7 +77,7 @@ def load_generation_defaults(directory: Path) -> GenerationConfig:
     return GenerationConfig().update(**json.loads(path.read_text()))
 
 
-def quantize_int8(model: Transformer) -> Transformer:
+def quantize_int8(model: M) -> M:
     """Linear layers (the output projection included) with int8 weights, activations quantized per call.
 
     On CPUs without fast bf16 this is the quickest precision (see bench/decode.py); its quality cost is
@@ -104,6 +105,7 @@ def load(directory: Path | str, device: str = "auto", dtype: str = "float32") ->
     model = model.to(device=dev, dtype=DTYPES.get(dtype, torch.float32)).eval()
     if dtype == "int8":
         model = quantize_int8(model)
+    model.frozen()  # fuse and prepack the weights for inference now, not on the first request
     vocab_path = directory / "vocab.json"
     vocab = json.loads(vocab_path.read_text()) if vocab_path.exists() else None
     tokenizer = Tokenizer.load(directory, cfg.eos_id, cfg.unk_id, vocab)

@@ -9,7 +9,6 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from model.cache import LayerCache
 from model.config import ModelConfig
 
 ACTIVATION_FUNCTIONS: dict[str, Callable[[Tensor], Tensor]] = {"relu": F.relu, "gelu": F.gelu, "swish": F.silu}
@@ -58,6 +57,7 @@ class FeedForward(nn.Module):
         super().__init__()
         self.fc1 = nn.Linear(d, d_ff)
         self.fc2 = nn.Linear(d_ff, d)
+        self.activation = activation
         self.act: Callable[[Tensor], Tensor] = ACTIVATION_FUNCTIONS[activation]
         self.dropout = nn.Dropout(dropout)
 
@@ -113,20 +113,6 @@ class DecoderLayer(nn.Module):
         h = self.self_res.inp(x)
         x = self.self_res.out(x, self.self_attn(h, h, None, causal=True))
         x = self.cross_res.out(x, self.cross_attn(self.cross_res.inp(x), memory, src_mask))
-        return self.ff_res.out(x, self.ff(self.ff_res.inp(x)))
-
-    def step(self, x: Tensor, cache: LayerCache, pos: Tensor, self_mask: Tensor, cross_mask: Tensor) -> Tensor:
-        """One new token per row: x (B, 1, D); row b sits at position pos[b] of its own sequence."""
-        B = x.shape[0]
-        h = self.self_res.inp(x)
-        q = self.self_attn.heads(self.self_attn.q_proj(h))  # (B, H, 1, Dh)
-        k, v = self.self_attn.project_kv(h)  # (B, H, 1, Dh)
-        k_all, v_all = cache.write_self(B, pos, k, v, self_mask.shape[-1])  # (B, H, T, Dh)
-        x = self.self_res.out(x, self.self_attn.attend(q, k_all, v_all, self_mask))
-        h = self.cross_res.inp(x)
-        q = self.cross_attn.heads(self.cross_attn.q_proj(h))
-        ck, cv = cache.cross(B, cross_mask.shape[-1])  # (B, H, S, Dh)
-        x = self.cross_res.out(x, self.cross_attn.attend(q, ck, cv, cross_mask))
         return self.ff_res.out(x, self.ff(self.ff_res.inp(x)))
 
 

@@ -1,14 +1,14 @@
-"""The encoder-decoder Transformer: forward for training, encode(), and decode_step() over a KV cache."""
+"""The encoder-decoder Transformer: its parameters, forward for training and reference, and frozen() for inference."""
 
 from __future__ import annotations
 
-from typing import cast
+from typing import Any
 
 import torch
 from torch import Tensor, nn
 
-from model.cache import KVCache
 from model.config import ModelConfig
+from model.frozen import FrozenTransformer
 from model.layers import DecoderLayer, EncoderLayer, embed_scale, sinusoidal_table
 
 
@@ -34,6 +34,7 @@ class Transformer(nn.Module):
         self.register_buffer("positions", sinusoidal_table(cfg.max_positions, cfg.d_model), persistent=False)
         self.scale = embed_scale(cfg)
         self.dropout = nn.Dropout(cfg.dropout)
+        self._frozen: tuple[tuple[Any, ...], FrozenTransformer] | None = None
         self.reset_parameters()
 
     def reset_parameters(self) -> None:
@@ -78,28 +79,25 @@ class Transformer(nn.Module):
         memory, src_mask = self.encode(src)
         return self.decode_full(tgt_in, memory, src_mask)
 
-    def cross_kv(self, memory: Tensor) -> list[tuple[Tensor, Tensor]]:
-        """Cross-attention K/V of every decoder layer, computed once per source: (B, H, S, Dh) each."""
-        return [cast(DecoderLayer, layer).cross_attn.project_kv(memory) for layer in self.decoder]
+    def frozen(self, prepack: bool = True) -> FrozenTransformer:
+        """This network prepared for inference (fused and prepacked weights), rebuilt when the parameters change.
 
-    def decode_step(self, tokens: Tensor, cache: KVCache) -> Tensor:
-        """Advance cache rows 0..B-1 by one token each: tokens (B,) -> logits (B, V)."""
-        B = tokens.shape[0]
-        pos = cache.pos[:B]  # (B,) each row's own position
-        T, S = cache.t_hi + 1, cache.s_hi
-        x = self.embed(self.tgt_embed, tokens[:, None], pos[:, None])  # (B, 1, D)
-        self_mask = (torch.arange(T, device=pos.device) <= pos[:, None])[:, None, None, :]  # (B, 1, 1, T)
-        cross_mask = cache.src_mask[:B, None, None, :S]  # (B, 1, 1, S)
-        for layer, lc in zip(self.decoder, cache.layers, strict=True):
-            x = cast(DecoderLayer, layer).step(x, lc, pos, self_mask, cross_mask)
-        cache.advance(B)
-        return self.logits(x[:, 0])
+        Encoding and the decode step for translation go through it. prepack=False keeps PyTorch's default
+        products: the reference the oneDNN path is tested against.
+        """
+        key = (prepack, *((p.data_ptr(), 0 if p.is_inference() else p._version) for p in self.parameters()))
+        if self._frozen is None or self._frozen[0] != key:
+            self._frozen = None  # let the old copy go before building the new one
+            self._frozen = (key, FrozenTransformer(self, prepack))
+        return self._frozen[1]
 
-    def new_cache(self, rows: int, max_src: int, max_tgt: int) -> KVCache:
-        p = self.tgt_embed.weight  # out_proj may be a quantized module without a weight tensor
-        cfg = self.cfg
-        max_tgt = min(max_tgt, cfg.max_positions)
-        return KVCache(cfg.decoder_layers, rows, cfg.n_heads, cfg.head_dim, max_src, max_tgt, p.device, p.dtype)
+    def train(self, mode: bool = True) -> Transformer:
+        if mode:
+            self._frozen = None  # training changes the weights: hold no copy of them meanwhile
+        return super().train(mode)
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {**super().__getstate__(), "_frozen": None}  # prepacked weights can be neither copied nor pickled
 
     @property
     def device(self) -> torch.device:

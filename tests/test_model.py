@@ -2,12 +2,18 @@
 
 from __future__ import annotations
 
+import copy
+
 import pytest
 import torch
+import torch.nn.functional as F
+from torch import nn
 
 from model import checkpoint
-from model.batch import DecodeBatch, FinishEvent, TokenEvent
+from model.batch import DecodeBatch, FinishEvent, TokenEvent, top_k
+from model.frozen import Projection, attend_one
 from model.generation import GenerationConfig
+from model.layers import ACTIVATION_FUNCTIONS
 from model.search import beam_search, generate, greedy, sample
 from model.transformer import Transformer
 from tests.tiny import tiny_config, tiny_model
@@ -40,18 +46,99 @@ def greedy_by_recomputation(model: Transformer, src: list[int], max_new: int) ->
     return out[1:]
 
 
-@pytest.mark.parametrize("norm", ["post", "pre"])
-def test_cached_logits_equal_full_recomputation(norm: str) -> None:
-    model = tiny_model(tiny_config(norm=norm, activation="gelu"))
-    src = torch.tensor([[5, 6, 7, 8, 9, 2], [10, 11, 2, 0, 0, 0]])
-    tgt = torch.tensor([[1, 12, 13, 14, 15], [1, 16, 17, 18, 19]])
+def stepped_logits(model: Transformer, src: torch.Tensor, tgt: torch.Tensor, prepack: bool = True) -> torch.Tensor:
+    """Logits (B, T, V) of the frozen network fed tgt one token per step through its KV cache."""
     with torch.no_grad():
-        full = model(src, tgt)  # (2, 5, V)
-        cache = model.new_cache(rows=2, max_src=6, max_tgt=8)
-        memory, mask = model.encode(src)
-        cache.admit(0, model.cross_kv(memory), mask)
-        steps = [model.decode_step(tgt[:, t], cache) for t in range(tgt.shape[1])]
-    torch.testing.assert_close(torch.stack(steps, 1), full, atol=1e-5, rtol=1e-4)
+        net = model.frozen(prepack=prepack)
+        cache = net.new_cache(rows=src.shape[0], max_src=src.shape[1], max_tgt=tgt.shape[1] + 2)
+        memory, mask = net.encode(src)
+        cache.admit(0, net.cross_kv(memory), mask)
+        return torch.stack([net.decode_step(tgt[:, t], cache) for t in range(tgt.shape[1])], 1)
+
+
+@pytest.mark.parametrize("prepack", [True, False])
+@pytest.mark.parametrize(("norm", "activation", "rows"), [
+    ("post", "swish", 2), ("pre", "gelu", 2), ("post", "relu", 9)])
+def test_cached_logits_equal_full_recomputation(norm: str, activation: str, rows: int, prepack: bool) -> None:
+    model = tiny_model(tiny_config(norm=norm, activation=activation))
+    src = torch.tensor([[5, 6, 7, 8, 9, 2], [10, 11, 2, 0, 0, 0]] * (rows // 2) + [[20, 2, 0, 0, 0, 0]] * (rows % 2))
+    tgt = torch.randint(4, 90, (rows, 5), generator=torch.Generator().manual_seed(0))
+    tgt[:, 0] = 1
+    with torch.no_grad():
+        full = model(src, tgt)  # (rows, 5, V) through the modules
+    torch.testing.assert_close(stepped_logits(model, src, tgt, prepack), full, atol=1e-5, rtol=1e-4)
+
+
+@pytest.mark.skipif(not torch.backends.mkldnn.is_available(), reason="a torch build without oneDNN")
+def test_prepacked_projections_equal_plain_linear_within_rounding() -> None:
+    torch.manual_seed(0)
+    q, k, v = (nn.Linear(48, 40) for _ in range(3))
+    x, residual = torch.randn(5, 48), torch.randn(5, 40)
+    with torch.no_grad():
+        stacked = torch.cat([F.linear(x, m.weight, m.bias) for m in (q, k, v)], -1)
+        packed = Projection([q, k, v])
+        assert packed.onednn and not Projection([q, k, v], prepack=False).onednn
+        torch.testing.assert_close(packed(x), stacked, atol=1e-5, rtol=1e-5)
+        torch.testing.assert_close(Projection([q])(x, residual=residual), q(x) + residual, atol=1e-5, rtol=1e-5)
+        for name, act in ACTIVATION_FUNCTIONS.items():
+            torch.testing.assert_close(Projection([k], name)(x), act(k(x)), atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("rows", [1, 8])
+def test_attention_of_one_query_equals_sdpa(rows: int) -> None:
+    g = torch.Generator().manual_seed(0)
+    q = torch.randn(rows, 4, 1, 16, generator=g)
+    k, v = torch.randn(2, rows, 4, 9, 16, generator=g).unbind(0)
+    mask = torch.arange(9) < torch.randint(1, 10, (rows, 1, 1, 1), generator=g)
+    for m in (None, mask):
+        torch.testing.assert_close(attend_one(q, k, v, m), F.scaled_dot_product_attention(q, k, v, attn_mask=m))
+
+
+def test_int8_stacked_projection_equals_the_quantized_modules_exactly() -> None:
+    torch.manual_seed(0)
+    linears = nn.Sequential(*(nn.Linear(48, n) for n in (40, 40, 24)))
+    quantized = list(checkpoint.quantize_int8(linears))
+    x = torch.randn(7, 48)
+    with torch.no_grad():
+        assert torch.equal(Projection(quantized)(x), torch.cat([m(x) for m in quantized], -1))
+
+
+def test_int8_decode_steps_track_float32() -> None:
+    model = tiny_model(tiny_config(activation="gelu"))
+    src, tgt = torch.tensor([[5, 6, 7, 8, 9, 2], [10, 11, 2, 0, 0, 0]]), torch.tensor([[1, 12, 13], [1, 16, 17]])
+    exact = stepped_logits(model, src, tgt)
+    approx = stepped_logits(checkpoint.quantize_int8(model), src, tgt)
+    assert (exact.argmax(-1) == approx.argmax(-1)).float().mean() >= 0.8
+    assert torch.corrcoef(torch.stack([exact.flatten(), approx.flatten()]))[0, 1] > 0.99
+
+
+def test_frozen_copy_follows_the_parameters() -> None:
+    model = tiny_model()
+    net = model.frozen()
+    assert model.frozen() is net
+    src, tgt = torch.tensor([[5, 6, 7, 2]]), torch.tensor([[1, 12, 13]])
+    before = stepped_logits(model, src, tgt)
+    with torch.no_grad():
+        dict(model.named_parameters())["decoder.0.ff.fc2.weight"].mul_(2.0)
+    assert model.frozen() is not net
+    with torch.no_grad():
+        full = model(src, tgt)
+    torch.testing.assert_close(stepped_logits(model, src, tgt), full, atol=1e-5, rtol=1e-4)
+    assert not torch.allclose(before, full)
+    assert model.train()._frozen is None  # no stale copy is held while training
+    net = model.eval().frozen()
+    assert copy.deepcopy(model).frozen() is not net  # prepacked weights are not copied: the copy builds its own
+
+
+@pytest.mark.parametrize("V", [100, 1000, 1031])
+def test_chunked_top_k_equals_torch_top_k(V: int) -> None:
+    x = torch.randn(6, V, generator=torch.Generator().manual_seed(V)).log_softmax(-1)
+    x[:, [0, 5]] = float("-inf")
+    x[1, 700 % V :] += 5.0  # the best tokens in the tail
+    for k in (1, 2, 8):
+        values, ids = top_k(x, k, chunk=64)
+        expected = x.topk(k, dim=-1)
+        assert torch.equal(values, expected.values) and torch.equal(ids, expected.indices)
 
 
 def test_greedy_equals_recomputation(loaded: checkpoint.LoadedModel, sources: list[list[int]]) -> None:

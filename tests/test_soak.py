@@ -171,7 +171,7 @@ def test_soak_loses_nothing_and_returns_to_baseline(tiny_model_dir: Path, figure
     for gauge in ("tolk_requests_running", "tolk_requests_waiting", "tolk_kv_cache_rows_used"):
         assert after[(gauge, model)] == 0, gauge
     assert jobs_after <= jobs_before
-    assert grown < 16 * 2**20, f"resident memory grew by {grown / 2**20:.1f} MiB"
+    assert grown < 32 * 2**20, f"resident memory grew by {grown / 2**20:.1f} MiB"
 
     # /metrics counted what the clients counted
     def delta(name: str, **labels: str) -> float:

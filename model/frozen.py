@@ -1,0 +1,247 @@
+"""The network frozen for inference: fused projections, weights prepacked for oneDNN, and the decode step.
+
+Decoding reads every decoder weight once per generated token, so how those products run is the speed.
+Freezing builds, from the modules' parameters:
+- one product for self-attention's Q, K and V, one for the cross-attention K/V of all decoder layers, and the
+  activation or the residual addition fused into the product before it;
+- on the CPU in float32, weights prepacked for oneDNN, whose products run 2 to 4 times faster than PyTorch's
+  default (MKL) on the AMD EPYC machines we measured, at every batch size (docs/benchmarks.md);
+- elsewhere (CUDA, half precision, int8 modules) the same structure through F.linear or the quantized modules.
+The modules keep the parameters for training, saving and export; `Transformer.frozen()` builds this copy and
+rebuilds it when they change. Dropout is off: this is for inference only.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any, cast
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+from torch.ao.nn.quantized.dynamic import Linear as QuantizedLinear
+
+from model.cache import KVCache
+from model.layers import ACTIVATION_FUNCTIONS, Attention, DecoderLayer, EncoderLayer
+
+if TYPE_CHECKING:
+    from model.transformer import Transformer
+
+# oneDNN post-op (attr, algorithm) computing each activation exactly as ACTIVATION_FUNCTIONS does (gelu: erf)
+ONEDNN_ACTIVATIONS = {"relu": ("relu", ""), "gelu": ("gelu", "none"), "swish": ("swish", "")}
+
+
+def onednn_usable(weight: Tensor) -> bool:
+    """Products with this weight can run through prepacked oneDNN: float32 on the CPU, in a build that has it."""
+    return (weight.device.type == "cpu" and weight.dtype == torch.float32 and torch.backends.mkldnn.is_available()
+            and bool(torch.backends.mkldnn.enabled))
+
+
+def stacked_bias(linears: Sequence[nn.Linear] | Sequence[QuantizedLinear]) -> Tensor | None:
+    """The biases of linears stacked along the output (zeros for those without one), or None if none has one."""
+    biases: list[Tensor | None] = [m.bias() if isinstance(m, QuantizedLinear) else m.bias for m in linears]
+    if all(b is None for b in biases):
+        return None
+    like = next(b for b in biases if b is not None)
+    sizes = [m.out_features for m in linears]
+    return torch.cat([b if b is not None else like.new_zeros(n) for b, n in zip(biases, sizes, strict=True)])
+
+
+def stacked_int8(linears: Sequence[QuantizedLinear], bias: Tensor | None) -> Any:
+    """Dynamically quantized linears as one fbgemm product, with results equal to running them one by one.
+
+    Each keeps its own weight scale as the per-channel scale of its rows, so the int8 weights, the activation
+    quantization and the int32 accumulation are exactly those of the separate products.
+    """
+    weights = [m.weight() for m in linears]
+    ints = torch.cat([w.int_repr() for w in weights])
+    scales = torch.cat([torch.full((w.shape[0],), w.q_scale(), dtype=torch.double) for w in weights])
+    zero_points = torch.cat([torch.full((w.shape[0],), w.q_zero_point(), dtype=torch.long) for w in weights])
+    weight = torch._make_per_channel_quantized_tensor(ints, scales, zero_points, 0)
+    return torch.ops.quantized.linear_prepack(weight, bias if bias is not None else stacked_bias(linears))
+
+
+class Projection:
+    """y = act(x @ W.T + b) [+ residual] for one or more linear maps stacked along the output.
+
+    Several maps of the same input (Q, K and V) become one product. Float weights run as a prepacked oneDNN
+    product with the activation or the residual addition fused in (CPU, float32, prepack=True), or through
+    F.linear; dynamically quantized (int8) linears run as one fbgemm product. `bias` replaces the linears' own.
+
+    The oneDNN ops are those torch.compile's CPU weight freezing emits for batch sizes that vary
+    (torch/_inductor/fx_passes/mkldnn_fusion.py). torch.utils.mkldnn's public MkldnnLinear runs the same
+    library but converts activations to and from oneDNN's layout on every call: 1.4 to 1.7 times slower here.
+    """
+
+    def __init__(self, linears: Sequence[nn.Module], activation: str | None = None, bias: Tensor | None = None,
+                 prepack: bool = True) -> None:
+        self.act = ACTIVATION_FUNCTIONS[activation] if activation else None
+        self.post_op = ONEDNN_ACTIVATIONS[activation] if activation else ("none", "")
+        self.int8: Any = None  # fbgemm's packed weight and bias
+        self.onednn = False
+        self.weight: Tensor | None = None
+        self.bias: Tensor | None = None
+        with torch.no_grad():
+            if all(isinstance(m, QuantizedLinear) for m in linears):
+                bias = bias.detach() if bias is not None else None
+                self.int8 = stacked_int8(cast(list[QuantizedLinear], list(linears)), bias)
+                return
+            dense = cast(list[nn.Linear], list(linears))
+            weight = (dense[0].weight if len(dense) == 1 else torch.cat([m.weight for m in dense])).detach()
+            bias = bias if bias is not None else stacked_bias(dense)
+            self.bias = bias.detach() if bias is not None else None
+            self.onednn = prepack and onednn_usable(weight)
+            self.weight = torch.ops.mkldnn._reorder_linear_weight(weight, None) if self.onednn else weight
+
+    def __call__(self, x: Tensor, residual: Tensor | None = None) -> Tensor:
+        if self.onednn:
+            if residual is not None and self.act is None:
+                return torch.ops.mkldnn._linear_pointwise.binary(x, residual, self.weight, self.bias, "add")
+            attr, algorithm = self.post_op
+            y = torch.ops.mkldnn._linear_pointwise(x, self.weight, self.bias, attr, [], algorithm)
+        else:
+            if self.int8 is not None:
+                y = torch.ops.quantized.linear_dynamic(x, self.int8, True)  # reduce_range, as the modules do
+            else:
+                y = F.linear(x, cast(Tensor, self.weight), self.bias)
+            y = self.act(y) if self.act is not None else y
+        return y if residual is None else y + residual
+
+
+class Norms:
+    """A layer's LayerNorms, placed before each sublayer (pre) or after each residual sum (post)."""
+
+    def __init__(self, norms: Sequence[nn.LayerNorm], pre: bool) -> None:
+        self.params = [(n.normalized_shape, n.weight.detach(), n.bias.detach(), n.eps) for n in norms]
+        self.pre = pre
+
+    def norm(self, x: Tensor, i: int) -> Tensor:
+        shape, w, b, eps = self.params[i]
+        return F.layer_norm(x, shape, w, b, eps)
+
+    def inp(self, x: Tensor, i: int) -> Tensor:
+        """The input of sublayer i."""
+        return self.norm(x, i) if self.pre else x
+
+    def out(self, x: Tensor, i: int) -> Tensor:
+        """Sublayer i's output from its residual sum."""
+        return x if self.pre else self.norm(x, i)
+
+
+def attention_projections(attn: Attention, prepack: bool) -> tuple[Projection, Projection]:
+    return Projection([attn.q_proj, attn.k_proj, attn.v_proj], prepack=prepack), Projection([attn.out_proj],
+                                                                                             prepack=prepack)
+
+
+class FrozenEncoderLayer:
+    def __init__(self, layer: EncoderLayer, n_heads: int, prepack: bool) -> None:
+        self.H = n_heads
+        self.qkv, self.o = attention_projections(layer.self_attn, prepack)
+        self.fc1 = Projection([layer.ff.fc1], layer.ff.activation, prepack=prepack)
+        self.fc2 = Projection([layer.ff.fc2], prepack=prepack)
+        self.norms = Norms([layer.self_res.norm, layer.ff_res.norm], layer.self_res.pre_norm)
+
+    def __call__(self, x: Tensor, mask: Tensor | None) -> Tensor:
+        """x (B, S, D), mask (B, 1, 1, S) True = real token, None when no source is padded."""
+        B, S, D = x.shape
+        q, k, v = self.qkv(self.norms.inp(x, 0)).view(B, S, 3, self.H, -1).permute(2, 0, 3, 1, 4)  # (B, H, S, Dh)
+        a = F.scaled_dot_product_attention(q, k, v, attn_mask=mask).transpose(1, 2).reshape(B, S, D)
+        x = self.norms.out(self.o(a, residual=x), 0)
+        return self.norms.out(self.fc2(self.fc1(self.norms.inp(x, 1)), residual=x), 1)
+
+
+def attend_one(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None) -> Tensor:
+    """Attention of one query per row: q (B, H, 1, Dh) over k, v (B, H, T, Dh); mask (B, 1, 1, T) or None.
+
+    On the CPU, from 8 rows up, two batched matrix products beat SDPA's flash kernel at one query (the whole
+    decode step measured 4% faster at 32 rows, 8% at 128); below that SDPA's single call is quicker.
+    """
+    if q.device.type != "cpu" or q.shape[0] < 8:
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+    scores = torch.matmul(q * q.shape[-1] ** -0.5, k.transpose(-1, -2))  # (B, H, 1, T)
+    if mask is not None:
+        scores = scores.masked_fill(~mask, float("-inf"))
+    return torch.matmul(scores.softmax(-1), v)
+
+
+class FrozenDecoderLayer:
+    def __init__(self, layer: DecoderLayer, n_heads: int, prepack: bool) -> None:
+        self.H = n_heads
+        self.qkv, self.o = attention_projections(layer.self_attn, prepack)
+        self.cross_q = Projection([layer.cross_attn.q_proj], prepack=prepack)
+        self.cross_o = Projection([layer.cross_attn.out_proj], prepack=prepack)
+        self.fc1 = Projection([layer.ff.fc1], layer.ff.activation, prepack=prepack)
+        self.fc2 = Projection([layer.ff.fc2], prepack=prepack)
+        self.norms = Norms([layer.self_res.norm, layer.cross_res.norm, layer.ff_res.norm], layer.self_res.pre_norm)
+
+    def step(self, x: Tensor, cache: KVCache, i: int, self_mask: Tensor | None, cross_mask: Tensor | None) -> Tensor:
+        """One new token per row: x (B, D); this is decoder layer i. Masks are None when no key is padding."""
+        B, D = x.shape
+        qkv = self.qkv(self.norms.inp(x, 0)).view(B, 3, self.H, -1)  # (B, 3, H, Dh)
+        k, v = cache.write(i, qkv[:, 1:])  # (B, H, T, Dh)
+        a = attend_one(qkv[:, 0, :, None], k, v, self_mask)  # (B, H, 1, Dh)
+        x = self.norms.out(self.o(a.view(B, D), residual=x), 0)
+        q = self.cross_q(self.norms.inp(x, 1)).view(B, self.H, 1, -1)
+        ck, cv = cache.cross(i, B)  # (B, H, S, Dh)
+        a = attend_one(q, ck, cv, cross_mask)
+        x = self.norms.out(self.cross_o(a.view(B, D), residual=x), 1)
+        return self.norms.out(self.fc2(self.fc1(self.norms.inp(x, 2)), residual=x), 2)
+
+
+class FrozenTransformer:
+    """Encoding, cross-attention K/V and the incremental decode step of a Transformer, for inference only."""
+
+    def __init__(self, model: Transformer, prepack: bool = True) -> None:
+        cfg = self.cfg = model.cfg
+        self.src_table, self.tgt_table = model.src_embed.weight.detach(), model.tgt_embed.weight.detach()
+        self.positions = model.positions.to(self.tgt_table.dtype)
+        self.scale = model.scale
+        H, pre = cfg.n_heads, cfg.norm == "pre"
+        encoder = cast(list[EncoderLayer], list(model.encoder))
+        decoder = cast(list[DecoderLayer], list(model.decoder))
+        self.encoder = [FrozenEncoderLayer(layer, H, prepack) for layer in encoder]
+        self.decoder = [FrozenDecoderLayer(layer, H, prepack) for layer in decoder]
+        norms = [cast(nn.LayerNorm, model.encoder_norm), cast(nn.LayerNorm, model.decoder_norm)]
+        self.final = Norms(norms, pre) if pre else None  # the stacks' final norms (pre-norm only)
+        kv = [lin for layer in decoder for lin in (layer.cross_attn.k_proj, layer.cross_attn.v_proj)]
+        self.cross_kv_proj = Projection(kv, prepack=prepack)  # all layers' cross K/V in one product
+        self.out = Projection([model.out_proj], bias=model.out_bias, prepack=prepack)
+
+    @property
+    def device(self) -> torch.device:
+        return self.tgt_table.device
+
+    def embed(self, table: Tensor, ids: Tensor, positions: Tensor) -> Tensor:
+        return F.embedding(ids, table) * self.scale + positions
+
+    def encode(self, src: Tensor) -> tuple[Tensor, Tensor]:
+        """src (B, S) padded with pad_id -> memory (B, S, D) and source mask (B, S), True = real token."""
+        src_mask = src != self.cfg.pad_id
+        x = self.embed(self.src_table, src, self.positions[: src.shape[1]])
+        attn_mask = None if bool(src_mask.all()) else src_mask[:, None, None, :]  # (B, 1, 1, S)
+        for layer in self.encoder:
+            x = layer(x, attn_mask)
+        return (self.final.norm(x, 0) if self.final else x), src_mask
+
+    def cross_kv(self, memory: Tensor) -> Tensor:
+        """Cross-attention K/V of every decoder layer, computed once per source: (L, 2, B, H, S, Dh)."""
+        B, S, _ = memory.shape
+        cfg = self.cfg
+        kv = self.cross_kv_proj(memory).view(B, S, cfg.decoder_layers, 2, cfg.n_heads, cfg.head_dim)
+        return kv.permute(2, 3, 0, 4, 1, 5)
+
+    def new_cache(self, rows: int, max_src: int, max_tgt: int) -> KVCache:
+        cfg = self.cfg
+        max_tgt = min(max_tgt, cfg.max_positions)
+        return KVCache(cfg.decoder_layers, rows, cfg.n_heads, cfg.head_dim, max_src, max_tgt, self.device,
+                       self.tgt_table.dtype)
+
+    def decode_step(self, tokens: Tensor, cache: KVCache) -> Tensor:
+        """Advance cache rows 0..B-1 by one token each: tokens (B,) -> logits (B, V)."""
+        B = tokens.shape[0]
+        x = self.embed(self.tgt_table, tokens, self.positions[cache.pos[:B]])  # (B, D), row b at its own position
+        self_mask, cross_mask = cache.masks(B)
+        for i, layer in enumerate(self.decoder):
+            x = layer.step(x, cache, i, self_mask, cross_mask)
+        cache.advance(B)
+        return self.out(self.final.norm(x, 1) if self.final else x)
