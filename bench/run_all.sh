@@ -16,5 +16,5 @@ set -x
 "$PYTHON" bench/quality.py --model weights/en-pt --model weights/en-pt:int8 --beam-size 4 \
     --out bench/results/quality-beam4.json
 "$PYTHON" bench/serve.py --model weights/en-pt --sentences data/corpus/test.en --max-new-tokens 256
-"$PYTHON" bench/serve.py --dtype int8 --model weights/en-pt --sentences data/corpus/test.en --max-new-tokens 256 \
-    --clients 32 64 --out bench/results/serve-int8.json
+"$PYTHON" bench/serve.py --dtype int8 --threads 1 --model weights/en-pt --sentences data/corpus/test.en \
+    --max-new-tokens 256 --clients 1 8 32 64 --requests 384 --stream-requests 64 --out bench/results/serve-int8.json

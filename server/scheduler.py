@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import queue
 import random
 import threading
@@ -235,8 +236,9 @@ class Scheduler:
 
     def _run(self) -> None:
         try:
-            if self.settings.threads:
-                torch.set_num_threads(self.settings.threads)
+            threads = self.settings.threads or (cpu_threads() if self.model.device.type == "cpu" else None)
+            if threads:
+                torch.set_num_threads(threads)
             self.batch = batch = self._new_batch()
         except Exception as exc:  # reported to start()
             self._failure = exc
@@ -455,6 +457,13 @@ class Scheduler:
                 loop.call_soon_threadsafe(_dispatch, batches)
             except RuntimeError:  # the loop has closed: nobody is listening any more
                 log.debug("event loop closed; %d jobs' events dropped", len(batches))
+
+
+def cpu_threads() -> int:
+    """Every core this process may use but one: the event loop (HTTP, JSON, tokenizing, streaming) needs one, and a
+    decode thread that shares it stalls (measured on 2 cores: 138 sentences/s with 1 torch thread, 83 with 2)."""
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    return max(1, cores - 1)
 
 
 def _out_of_memory(exc: BaseException) -> bool:

@@ -32,7 +32,8 @@ class Settings(BaseSettings):
         default="auto", description="auto = int8 on the CPU (quantized linear layers: about twice as fast, at a "
         "measured cost of 0.03 BLEU on the shipped model), float32 on a GPU"
     )
-    threads: int | None = Field(default=None, ge=1, le=256, description="torch threads; None = torch's default")
+    threads: int | None = Field(default=None, ge=1, le=256, description="torch threads of each scheduler; None = "
+                                 "every core but one on the CPU (the event loop needs one), torch's default on a GPU")
 
     # Scheduling
     batching: bool = Field(default=True, description="continuous batching; False decodes one sentence at a time")
