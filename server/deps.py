@@ -151,15 +151,17 @@ def key_matches(given: str, keys: list[SecretStr]) -> bool:
     return matched
 
 
-def check_api_key(request: Request, settings: Settings, body_key: str | None) -> None:
-    """When the server has API keys, a request needs one: Authorization: Bearer, or LibreTranslate's api_key."""
+def check_api_key(request: Request, settings: Settings, body_key: str | None) -> str | None:
+    """When the server has API keys, a request needs one: Authorization: Bearer, or LibreTranslate's api_key.
+    Returns the verified key (None when the server has no keys: then a key the client sends means nothing)."""
     if not settings.api_keys:
-        return
+        return None
     given = bearer(request) or body_key
     if not given:
         raise Unauthorized("an API key is required (Authorization: Bearer KEY, or api_key)")
     if not key_matches(given, settings.api_keys):
         raise Forbidden("invalid API key")
+    return given
 
 
 def require_admin(request: Request, settings: SettingsDep) -> None:

@@ -9,7 +9,7 @@ from typing import Annotated, Any, TypeVar
 from fastapi import APIRouter, Depends, Request
 from fastapi.sse import EventSourceResponse, ServerSentEvent
 
-from server.deps import EngineDep, MetricsDep, SettingsDep, TranslateRequestDep, bearer, check_api_key
+from server.deps import EngineDep, MetricsDep, SettingsDep, TranslateRequestDep, check_api_key
 from server.engine import Engine, ServedModel
 from server.errors import ClientClosed, EmptyText, InvalidSettings, PayloadTooLarge, TolkError, error_body
 from server.metrics import Metrics
@@ -52,7 +52,8 @@ def _flat_fields() -> dict[str, dict[str, Any]]:
     return {name: _non_null(schema) for name, schema in fields.items()}
 
 
-FORM_SCHEMA = {"type": "object", "properties": _flat_fields(), "required": ["q"], "additionalProperties": False}
+FLAT_FIELDS = _flat_fields()
+FORM_SCHEMA = {"type": "object", "properties": FLAT_FIELDS, "required": ["q"], "additionalProperties": False}
 REQUEST_BODY = {
     "content": {
         "application/json": {"schema": {"$ref": "#/components/schemas/TranslateRequest"}},
@@ -62,7 +63,7 @@ REQUEST_BODY = {
 }
 QUERY_PARAMETERS = [
     {"name": name, "in": "query", "required": name == "q", "schema": schema, "style": "form", "explode": True}
-    for name, schema in _flat_fields().items()
+    for name, schema in FLAT_FIELDS.items()
 ]
 ERROR_STATUSES = (400, 401, 403, 413, 422, 429, 500, 503, 504)
 RETRY_AFTER = {"Retry-After": {"description": "seconds to wait", "schema": {"type": "integer"}}}
@@ -81,11 +82,10 @@ STREAM_ERRORS: dict[int | str, dict[str, Any]] = {
 async def start(request: Request, req: TranslateRequest, engine: Engine, settings: Settings,
                 stream: bool) -> tuple[ServedModel, Translation]:
     """Check the request and queue its sentences; every refusal happens here, before any answer starts."""
-    check_api_key(request, settings, req.api_key)
+    key = check_api_key(request, settings, req.api_key)
     limiter: RateLimiter | None = request.app.state.rate_limiter
     if limiter is not None:
-        # a key counts only once verified: without keys on, a made-up key must not buy a fresh allowance
-        limiter.hit(client_identity(request, (bearer(request) or req.api_key) if settings.api_keys else None))
+        limiter.hit(client_identity(request, key))
     texts = req.texts
     if not texts:
         raise EmptyText("q is empty; there is nothing to translate")
