@@ -28,17 +28,19 @@ from server.schemas import GenerationOptions, TranslateRequest
 from server.settings import Settings
 
 
-def get_settings(request: Request) -> Settings:
+async def get_settings(request: Request) -> Settings:
+    # These dependencies are `async def` on purpose: FastAPI runs a plain `def` dependency in its thread pool, and
+    # three thread hops per request cost more than everything they do.
     settings: Settings = request.app.state.settings
     return settings
 
 
-def get_metrics(request: Request) -> Metrics:
+async def get_metrics(request: Request) -> Metrics:
     metrics: Metrics = request.app.state.metrics
     return metrics
 
 
-def get_engine(request: Request) -> Engine:
+async def get_engine(request: Request) -> Engine:
     engine: Engine | None = getattr(request.app.state, "engine", None)
     if engine is None:
         raise NotReady("the server is starting")
@@ -164,7 +166,7 @@ def check_api_key(request: Request, settings: Settings, body_key: str | None) ->
     return given
 
 
-def require_admin(request: Request, settings: SettingsDep) -> None:
+async def require_admin(request: Request, settings: SettingsDep) -> None:
     """Changing the server at run time needs the admin key as a bearer token."""
     if settings.admin_key is None:
         raise Forbidden("changing settings at run time is disabled (set TOLK_ADMIN_KEY)")
