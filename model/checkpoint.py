@@ -54,6 +54,7 @@ class LoadedModel:
     tokenizer: Tokenizer
     generation: GenerationConfig
     dtype: str
+    parameters: int  # counted before quantization (quantized linears hold their weights outside parameters())
 
     @property
     def device(self) -> torch.device:
@@ -103,6 +104,7 @@ def load(directory: Path | str, device: str = "auto", dtype: str = "float32") ->
     model = Transformer(cfg)
     load_model(model, str(directory / "model.safetensors"), strict=True)
     model = model.to(device=dev, dtype=DTYPES.get(dtype, torch.float32)).eval()
+    parameters = model.num_parameters()
     if dtype == "int8":
         model = quantize_int8(model)
     model.frozen()  # fuse and prepack the weights for inference now, not on the first request
@@ -110,7 +112,8 @@ def load(directory: Path | str, device: str = "auto", dtype: str = "float32") ->
     vocab = json.loads(vocab_path.read_text()) if vocab_path.exists() else None
     tokenizer = Tokenizer.load(directory, cfg.eos_id, cfg.unk_id, vocab)
     info = ModelInfo.load(directory / "info.json")
-    return LoadedModel(directory, info, model, tokenizer, load_generation_defaults(directory), dtype)
+    return LoadedModel(directory, info, model, tokenizer, load_generation_defaults(directory), dtype,
+                       parameters)
 
 
 def save(

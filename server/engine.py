@@ -89,7 +89,7 @@ class ServedModel:
         model = self.loaded.model
         return {
             "name": self.name, "source": self.source, "target": self.target, "device": str(model.device),
-            "dtype": self.loaded.dtype, "parameters": model.num_parameters(), "config": model.cfg.to_dict(),
+            "dtype": self.loaded.dtype, "parameters": self.loaded.parameters, "config": model.cfg.to_dict(),
             "running": self.scheduler.running, "rows": self.scheduler.settings.max_batch_rows,
         }
 

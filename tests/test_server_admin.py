@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 from fastapi.testclient import TestClient
 
+from model import checkpoint
 from model.checkpoint import LoadedModel
 from server.app import create_app
 from server.cli import build_parser, main
@@ -137,4 +138,5 @@ def test_auto_precision_is_int8_on_the_cpu(tiny_model_dir: Path) -> None:
     with TestClient(create_app(settings)) as c:
         (described,) = c.get("/models").json()
         assert described["dtype"] == "int8"
+        assert described["parameters"] == checkpoint.load(tiny_model_dir, device="cpu").model.num_parameters()
         assert c.post("/translate", json={"q": "Open the file.", "target": "pt"}).json()["translatedText"].strip()
