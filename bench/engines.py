@@ -290,11 +290,15 @@ def main() -> None:
     p.add_argument("--work", type=Path, default=None, help="keep the converted models here (default: a temp dir)")
     p.add_argument("--out", type=Path, default=None,
                    help="JSON path, the PNG beside it (default: bench/results/engines.json; --quick: the temp dir)")
+    p.add_argument("--plot-only", action="store_true", help="redraw the PNG from the JSON at --out; run nothing")
     args = p.parse_args()
     if args.quick:
         args.repeats, args.new_tokens, args.limit = 1, 16, args.limit or 32
     out = args.out or (Path(tempfile.gettempdir()) / "engines-quick.json" if args.quick
                        else Path("bench/results/engines.json"))
+    if args.plot_only:
+        plot(json.loads(out.read_text()), args, out)
+        return
     args.batches = [int(b) for b in args.batches.split(",")]
     names = [n for n in args.engines.split(",") if n]
     unknown = sorted(set(names) - set(ENGINES))
@@ -314,6 +318,10 @@ def main() -> None:
             results["corpus"] = run_corpus(args, names, work)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(results, indent=2) + "\n")
+    plot(results, args, out)
+
+
+def plot(results: dict[str, Any], args: argparse.Namespace, out: Path) -> None:
     from plots import throughput_plot  # matplotlib: kept out of the workers
 
     titles = {"forced": "(a) random OPUS-MT en-de, forced length", "corpus": f"(b) {args.model.name} test split"}
