@@ -168,22 +168,22 @@ async def drive(url: str, sentences: list[str], clients: int, requests: int, opt
     }
 
 
-def offline(model_dir: Path, sentences: list[str], args: argparse.Namespace) -> dict[str, Any]:
+def offline(model_dir: Path, sentences: list[str], args: argparse.Namespace, rows: int) -> dict[str, Any]:
     """The engine alone: model.search.generate over the sentences with `rows` decoding together (best of 2)."""
     torch.set_num_threads(args.threads)
     loaded = load(model_dir, device=args.device, dtype=args.dtype)
     config = loaded.generation.update(max_new_tokens=args.max_new_tokens)
     sources = [loaded.tokenizer.encode(s) for s in sentences]
-    generate(loaded.model, sources[: args.rows], config, max_rows=args.rows)  # warm-up
+    generate(loaded.model, sources[:rows], config, max_rows=rows)  # warm-up
     best: dict[str, Any] = {}
     for _ in range(2):
         start = time.perf_counter()
-        hyps = generate(loaded.model, sources, config, max_rows=args.rows)
+        hyps = generate(loaded.model, sources, config, max_rows=rows)
         elapsed = time.perf_counter() - start
         tokens = sum(len(h[0].tokens) for h in hyps)
         if not best or elapsed < best["seconds"]:
             best = {"sentences": len(sources), "seconds": elapsed, "sentences_per_s": len(sources) / elapsed,
-                    "tokens_per_s": tokens / elapsed, "rows": args.rows}
+                    "tokens_per_s": tokens / elapsed, "rows": rows}
     return best
 
 
@@ -269,9 +269,14 @@ def main() -> int:
         for process in servers:
             process.terminate()
             process.wait(30)
-    reference = offline(model_dir, sentences[: max(args.rows * 4, 128)], args)
-    print(f"\noffline engine, {reference['rows']} rows: {reference['sentences_per_s']:.2f} sentences/s, "
-          f"{reference['tokens_per_s']:.1f} tokens/s\n")
+    reference = offline(model_dir, sentences[: max(args.rows * 4, 128)], args, args.rows)
+    # One row at a time is the unbatched server's engine: batched/unbatched cannot exceed this pair's ratio.
+    single = offline(model_dir, sentences[:128], args, 1)
+    ceiling = reference["tokens_per_s"] / single["tokens_per_s"]
+    for r in (reference, single):
+        print(f"offline engine, {r['rows']:>2} rows: {r['sentences_per_s']:.2f} sentences/s, "
+              f"{r['tokens_per_s']:.1f} tokens/s")
+    print(f"the engine's own {args.rows}-row / 1-row ratio: {ceiling:.2f}x (tokens/s)\n")
     print_table(rows)
     summary: dict[str, Any] = {}
     for clients in args.clients:
@@ -287,7 +292,8 @@ def main() -> int:
         "model": str(model_dir), "device": args.device, "dtype": args.dtype, "threads": args.threads, "rows": args.rows,
         "max_new_tokens": args.max_new_tokens, "machine": {"cpu": platform.processor() or platform.machine(),
                                                            "cores": os.cpu_count(), "torch": torch.__version__},
-        "offline": reference, "phases": rows, "summary": summary,
+        "offline": reference, "offline_one_row": single, "batching_ceiling": ceiling, "phases": rows,
+        "summary": summary,
     }, indent=2) + "\n")
     print(f"wrote {args.out}")
     return 0
