@@ -101,6 +101,7 @@ class _Segmenter(HTMLParser):
         super().__init__(convert_charrefs=True)
         self.parts: list[tuple[bool, str]] = []  # (is_text, content); text is unescaped
         self._raw_depth = 0
+        self._end_start = -1
 
     def _markup(self) -> None:
         self.parts.append((False, self.get_starttag_text() or ""))
@@ -112,8 +113,17 @@ class _Segmenter(HTMLParser):
     def handle_startendtag(self, tag: str, attrs: list[tuple[str, str | None]]) -> None:
         self._markup()
 
+    def parse_endtag(self, i: int) -> int:
+        self._end_start = i  # where the end tag starts: handle_endtag gets its name lower-cased, not its text
+        return super().parse_endtag(i)
+
     def handle_endtag(self, tag: str) -> None:
-        self.parts.append((False, f"</{tag}>"))
+        start = self._end_start
+        end = self.rawdata.find(">", start) + 1 if start >= 0 else 0
+        raw = self.rawdata[start:end] if end else ""
+        # Verbatim ("</linearGradient>" stays so); an end tag the parser made up itself is rebuilt from its name.
+        self.parts.append((False, raw if raw[2:].lower().startswith(tag) else f"</{tag}>"))
+        self._end_start = -1
         self._raw_depth -= tag in self.RAW and self._raw_depth > 0
 
     def handle_data(self, data: str) -> None:

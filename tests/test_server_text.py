@@ -64,3 +64,12 @@ def test_split_html_keeps_markup_verbatim() -> None:
     assert [t for is_text, t in parts if is_text] == ["Hello & bye."]
     assert "".join(t for is_text, t in parts if not is_text).startswith('<p class="x"></p><br/>')
     assert ('var a = "<b>";' in [t for is_text, t in parts if not is_text])
+
+
+@pytest.mark.parametrize("doc", [
+    "<svg><linearGradient id=a></linearGradient></svg> Hello.",  # SVG and XHTML names are case-sensitive
+    "<P>Hello.</P >",
+    "<b>Bold</B> and <script>var a = '</B>';</SCRIPT> done.",
+])
+def test_split_html_keeps_end_tags_verbatim(doc: str) -> None:
+    assert "".join(t for _, t in split_html(doc)) == doc
