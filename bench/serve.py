@@ -33,7 +33,7 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from model.checkpoint import ModelInfo, load, save  # noqa: E402
+from model.checkpoint import LoadedModel, ModelInfo, load, save  # noqa: E402
 from model.config import ModelConfig  # noqa: E402
 from model.search import generate  # noqa: E402
 from model.transformer import Transformer  # noqa: E402
@@ -168,10 +168,8 @@ async def drive(url: str, sentences: list[str], clients: int, requests: int, opt
     }
 
 
-def offline(model_dir: Path, sentences: list[str], args: argparse.Namespace, rows: int) -> dict[str, Any]:
+def offline(loaded: LoadedModel, sentences: list[str], args: argparse.Namespace, rows: int) -> dict[str, Any]:
     """The engine alone: model.search.generate over the sentences with `rows` decoding together (best of 2)."""
-    torch.set_num_threads(args.threads)
-    loaded = load(model_dir, device=args.device, dtype=args.dtype)
     config = loaded.generation.update(max_new_tokens=args.max_new_tokens)
     sources = [loaded.tokenizer.encode(s) for s in sentences]
     generate(loaded.model, sources[:rows], config, max_rows=rows)  # warm-up
@@ -269,9 +267,11 @@ def main() -> int:
         for process in servers:
             process.terminate()
             process.wait(30)
-    reference = offline(model_dir, sentences[: max(args.rows * 4, 128)], args, args.rows)
+    torch.set_num_threads(args.threads)
+    loaded = load(model_dir, device=args.device, dtype=args.dtype)
+    reference = offline(loaded, sentences[: max(args.rows * 4, 128)], args, args.rows)
     # One row at a time is the unbatched server's engine: batched/unbatched cannot exceed this pair's ratio.
-    single = offline(model_dir, sentences[:128], args, 1)
+    single = offline(loaded, sentences[:128], args, 1)
     ceiling = reference["tokens_per_s"] / single["tokens_per_s"]
     for r in (reference, single):
         print(f"offline engine, {r['rows']:>2} rows: {r['sentences_per_s']:.2f} sentences/s, "

@@ -94,6 +94,9 @@ class ErrorBody(BaseModel):
     error_type: str
 
 
+RETRY_AFTER = {"Retry-After": {"description": "seconds to wait", "schema": {"type": "integer"}}}
+
+
 def error_responses(*codes: int) -> dict[int | str, dict[str, Any]]:
-    """OpenAPI `responses` for the error statuses a route answers, each with the error body."""
-    return {code: {"model": ErrorBody} for code in codes}
+    """OpenAPI `responses` for the error statuses a route answers, each with the error body (429 with Retry-After)."""
+    return {code: {"model": ErrorBody, **({"headers": RETRY_AFTER} if code == 429 else {})} for code in codes}

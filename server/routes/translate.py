@@ -17,12 +17,13 @@ from server.errors import ClientClosed, EmptyText, InvalidSettings, PayloadTooLa
 from server.metrics import Metrics
 from server.ratelimit import RateLimiter, client_identity
 from server.schemas import (
+    RETRY_AFTER,
     DetectedLanguage,
-    ErrorBody,
     GenerationOptions,
     TextDetails,
     TranslateRequest,
     TranslateResponse,
+    error_responses,
 )
 from server.settings import Settings
 from server.text import check_text
@@ -68,10 +69,7 @@ QUERY_PARAMETERS = [
     for name, schema in FLAT_FIELDS.items()
 ]
 ERROR_STATUSES = (400, 401, 403, 413, 422, 429, 500, 503, 504)
-RETRY_AFTER = {"Retry-After": {"description": "seconds to wait", "schema": {"type": "integer"}}}
-ERRORS: dict[int | str, dict[str, Any]] = {
-    code: {"model": ErrorBody, **({"headers": RETRY_AFTER} if code == 429 else {})} for code in ERROR_STATUSES
-}
+ERRORS = error_responses(*ERROR_STATUSES)
 # Refusals of a stream come before it starts, as JSON; `model` would file them under text/event-stream.
 # (ErrorBody is among the components through /translate's ERRORS.)
 STREAM_ERRORS: dict[int | str, dict[str, Any]] = {
