@@ -4,4 +4,5 @@ import sys
 
 from server.cli import main
 
-sys.exit(main(["serve", *sys.argv[1:]]))
+if __name__ == "__main__":  # a scheduler process (spawned) imports this module again, and must not serve
+    sys.exit(main(["serve", *sys.argv[1:]]))

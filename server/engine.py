@@ -17,6 +17,7 @@ from server.metrics import Metrics
 from server.scheduler import Scheduler
 from server.settings import Settings
 from server.translator import Translation, make_plan
+from server.worker import ProcessScheduler, Target
 
 log = logging.getLogger(__name__)
 
@@ -73,8 +74,8 @@ def generation_config(defaults: GenerationConfig, options: dict[str, Any], alter
 @dataclass
 class ServedModel:
     name: str
-    loaded: LoadedModel
-    scheduler: Scheduler
+    loaded: LoadedModel  # in the server process: the tokenizer, defaults and description
+    scheduler: Scheduler | ProcessScheduler
     defaults: GenerationConfig  # replaced as a whole when an admin changes them
 
     @property
@@ -88,7 +89,7 @@ class ServedModel:
     def describe(self) -> dict[str, Any]:
         model = self.loaded.model
         return {
-            "name": self.name, "source": self.source, "target": self.target, "device": str(model.device),
+            "name": self.name, "source": self.source, "target": self.target, "device": self.scheduler.device,
             "dtype": self.loaded.dtype, "parameters": self.loaded.parameters, "config": model.cfg.to_dict(),
             "running": self.scheduler.running, "rows": self.scheduler.settings.max_batch_rows,
         }
@@ -116,17 +117,25 @@ class Engine:
 
     def start(self) -> None:
         """Load every model and start its scheduler (blocking: called from the lifespan in a worker thread)."""
-        for directory in model_dirs(self.settings):
-            loaded = load(directory, device=self.settings.device, dtype=serving_dtype(self.settings))
+        s = self.settings
+        for directory in model_dirs(s):
+            dtype = serving_dtype(s)
+            # with a scheduler process, the model that decodes lives there; this copy stays on the CPU
+            loaded = load(directory, device="cpu" if s.scheduler_process else s.device, dtype=dtype)
             name = loaded.info.name
             if any(m.name == name for m in self.models):
                 raise NoModels(f"two model directories are named {name!r}")
             defaults = self._clamp(loaded.generation)
-            scheduler = Scheduler(name, loaded.model, self.settings, self.metrics)
+            scheduler: Scheduler | ProcessScheduler
+            if s.scheduler_process:
+                scheduler = ProcessScheduler(Target(name, directory, s.device, dtype), s, self.metrics,
+                                             min(s.max_source_tokens, loaded.model.cfg.max_positions))
+            else:
+                scheduler = Scheduler(name, loaded.model, s, self.metrics)
             scheduler.start()
             self.models.append(ServedModel(name, loaded, scheduler, defaults))
             log.info("serving %s (%s -> %s) from %s on %s", name, loaded.info.source_language,
-                     loaded.info.target_language, directory, loaded.model.device)
+                     loaded.info.target_language, directory, scheduler.device)
 
     def stop(self) -> None:
         for served in self.models:

@@ -12,6 +12,9 @@ newest half of the rows back to the head of the queue (they are decoded again fr
 streamed are not sent twice) and lowers the row limit, which climbs back after `recover_steps` calm steps. If the
 thread itself dies, its requests fail (500), `running` turns false (so /ready answers 503), and the engine's
 supervisor calls `restart()`.
+
+By default the server runs this thread in a child process (server/worker.py), so that it does not share the GIL
+with the event loop; tests use it as a thread, to look into it.
 """
 
 from __future__ import annotations
@@ -26,7 +29,7 @@ import time
 from collections import deque
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
-from typing import cast
+from typing import Protocol, cast
 
 import torch
 
@@ -57,10 +60,14 @@ class Finished:
 Event = Token | Finished
 
 
+class Canceller(Protocol):
+    def cancel(self, job: Job) -> None: ...
+
+
 class Job:
     """One request's sentences, as the event loop sees them: submitted together, events read in order."""
 
-    def __init__(self, scheduler: Scheduler, sources: list[list[int]], configs: list[GenerationConfig],
+    def __init__(self, scheduler: Canceller, sources: list[list[int]], configs: list[GenerationConfig],
                  stream: bool, deadline: float) -> None:
         self.sources = sources
         self.configs = configs
@@ -172,6 +179,10 @@ class Scheduler:
         return self._queued
 
     @property
+    def device(self) -> str:
+        return str(self.model.device)
+
+    @property
     def max_source_tokens(self) -> int:
         """The longest source the batch takes: the server's limit, within the model's positions."""
         return min(self.settings.max_source_tokens, self.model.cfg.max_positions)
@@ -205,16 +216,9 @@ class Scheduler:
         """Queue a request's sentences; raises NotReady, Overloaded (429) or InvalidSettings at once."""
         if not self.running:
             raise NotReady(f"model {self.name} is not running")
-        widest = max(c.beam_size for c in configs)
-        if widest > self.settings.max_batch_rows:
-            raise InvalidSettings(f"beam_size must be at most {self.settings.max_batch_rows} on this server")
-        # samples get their seed now, so that a sentence decoded again after an out-of-memory error is the same
-        configs = [c.update(seed=random.getrandbits(62)) if c.do_sample and c.seed is None else c for c in configs]
-        n = len(sources)
+        configs = prepare_configs(configs, self.settings)
         with self._lock:
-            if self._queued and self._queued + n > self.settings.max_queue:
-                raise Overloaded("too many sentences are waiting; retry later", self.settings.retry_after)
-            self._queued += n
+            self._queued += reserve(self._queued, len(sources), self.settings)
         job = Job(self, sources, configs, stream, time.monotonic() + self.settings.request_timeout)
         self._inbox.put(("submit", job))
         return job
@@ -306,7 +310,7 @@ class Scheduler:
                 self.batch.cancel((job, i))
             self._m["rows_used"].set(self.batch.n)
         with self._lock:
-            self._queued -= len(job.sources) - rec.admitted
+            self._queued -= len(rec.job.sources) - rec.admitted
         self._m["running" if rec.admitted else "waiting"].dec()
         if error is not None:
             self._deliver({job: [error]})
@@ -454,9 +458,24 @@ class Scheduler:
             by_loop.setdefault(job.loop, []).append((job, items))
         for loop, batches in by_loop.items():
             try:
-                loop.call_soon_threadsafe(_dispatch, batches)
+                loop.call_soon_threadsafe(dispatch, batches)
             except RuntimeError:  # the loop has closed: nobody is listening any more
                 log.debug("event loop closed; %d jobs' events dropped", len(batches))
+
+
+def prepare_configs(configs: list[GenerationConfig], settings: Settings) -> list[GenerationConfig]:
+    """Refuse beams wider than the batch; give samples their seed now, so that a sentence decoded again after an
+    out-of-memory error comes out the same."""
+    if max(c.beam_size for c in configs) > settings.max_batch_rows:
+        raise InvalidSettings(f"beam_size must be at most {settings.max_batch_rows} on this server")
+    return [c.update(seed=random.getrandbits(62)) if c.do_sample and c.seed is None else c for c in configs]
+
+
+def reserve(queued: int, n: int, settings: Settings) -> int:
+    """n, when n more sentences may join the `queued` ones; Overloaded (429) when the queue is full."""
+    if queued and queued + n > settings.max_queue:
+        raise Overloaded("too many sentences are waiting; retry later", settings.retry_after)
+    return n
 
 
 def cpu_threads() -> int:
@@ -472,6 +491,6 @@ def _out_of_memory(exc: BaseException) -> bool:
         isinstance(exc, RuntimeError) and "can't allocate memory" in str(exc))
 
 
-def _dispatch(batches: list[tuple[Job, list[Event | TolkError]]]) -> None:
+def dispatch(batches: list[tuple[Job, list[Event | TolkError]]]) -> None:
     for job, items in batches:
         job._put(items)
