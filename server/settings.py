@@ -29,7 +29,7 @@ class Settings(BaseSettings):
     weights_dir: Path = Field(default=Path("weights"), description="where model directories are found")
     device: str = Field(default="auto", description="auto | cpu | cuda | cuda:N")
     dtype: Literal["auto", "float32", "float16", "bfloat16", "int8"] = Field(
-        default="auto", description="auto = int8 on the CPU (quantized linear layers: 1.5 to 3 times as fast, within "
+        default="auto", description="auto = int8 on the CPU (quantized linear layers: 1.3 to 3 times as fast, within "
         "0.1 BLEU of float32 on the shipped model), float32 on a GPU"
     )
     threads: int | None = Field(default=None, ge=1, le=256, description="torch threads of each scheduler; None = "
