@@ -14,7 +14,7 @@ from model.checkpoint import LoadedModel, load, resolve_device
 from model.generation import GenerationConfig
 from server.errors import InvalidSettings, NotFound, NotReady, UnsupportedLanguage
 from server.metrics import Metrics
-from server.scheduler import Scheduler
+from server.scheduler import Scheduler, source_limit
 from server.settings import Settings
 from server.translator import Translation, make_plan
 from server.worker import ProcessScheduler, Target
@@ -129,7 +129,7 @@ class Engine:
             scheduler: Scheduler | ProcessScheduler
             if s.scheduler_process:
                 scheduler = ProcessScheduler(Target(name, directory, s.device, dtype), s, self.metrics,
-                                             min(s.max_source_tokens, loaded.model.cfg.max_positions))
+                                             source_limit(s, loaded.model.cfg.max_positions))
             else:
                 scheduler = Scheduler(name, loaded.model, s, self.metrics)
             scheduler.start()

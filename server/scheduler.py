@@ -185,7 +185,7 @@ class Scheduler:
     @property
     def max_source_tokens(self) -> int:
         """The longest source the batch takes: the server's limit, within the model's positions."""
-        return min(self.settings.max_source_tokens, self.model.cfg.max_positions)
+        return source_limit(self.settings, self.model.cfg.max_positions)
 
     def start(self, timeout: float = 300.0) -> None:
         """Start the thread and wait until its cache is allocated; raises what went wrong if it could not."""
@@ -450,17 +450,20 @@ class Scheduler:
             self._admit_cap = 0 if self._admit_cap * 2 >= self.settings.max_batch_rows else self._admit_cap * 2
             self._m["row_limit"].set(self._row_limit)
 
-    @staticmethod
-    def _deliver(out: dict[Job, list[Event | TolkError]]) -> None:
-        """Hand events to their event loops: one callback per loop per step."""
-        by_loop: dict[asyncio.AbstractEventLoop, list[tuple[Job, list[Event | TolkError]]]] = {}
-        for job, items in out.items():
-            by_loop.setdefault(job.loop, []).append((job, items))
-        for loop, batches in by_loop.items():
-            try:
-                loop.call_soon_threadsafe(dispatch, batches)
-            except RuntimeError:  # the loop has closed: nobody is listening any more
-                log.debug("event loop closed; %d jobs' events dropped", len(batches))
+    def _deliver(self, out: dict[Job, list[Event | TolkError]]) -> None:
+        deliver(out)
+
+
+def deliver(out: dict[Job, list[Event | TolkError]]) -> None:
+    """Hand events to their jobs' event loops (from any thread): one callback per loop."""
+    by_loop: dict[asyncio.AbstractEventLoop, list[tuple[Job, list[Event | TolkError]]]] = {}
+    for job, items in out.items():
+        by_loop.setdefault(job.loop, []).append((job, items))
+    for loop, batches in by_loop.items():
+        try:
+            loop.call_soon_threadsafe(_dispatch, batches)
+        except RuntimeError:  # the loop has closed: nobody is listening any more
+            log.debug("event loop closed; %d jobs' events dropped", len(batches))
 
 
 def prepare_configs(configs: list[GenerationConfig], settings: Settings) -> list[GenerationConfig]:
@@ -478,6 +481,11 @@ def reserve(queued: int, n: int, settings: Settings) -> int:
     return n
 
 
+def source_limit(settings: Settings, max_positions: int) -> int:
+    """The longest source a batch takes: the server's limit, within the model's positions."""
+    return min(settings.max_source_tokens, max_positions)
+
+
 def cpu_threads() -> int:
     """Every core this process may use but one: the event loop (HTTP, JSON, tokenizing, streaming) needs one, and a
     decode thread that shares it stalls (measured on 2 cores: 138 sentences/s with 1 torch thread, 83 with 2)."""
@@ -491,6 +499,6 @@ def _out_of_memory(exc: BaseException) -> bool:
         isinstance(exc, RuntimeError) and "can't allocate memory" in str(exc))
 
 
-def dispatch(batches: list[tuple[Job, list[Event | TolkError]]]) -> None:
+def _dispatch(batches: list[tuple[Job, list[Event | TolkError]]]) -> None:
     for job, items in batches:
         job._put(items)

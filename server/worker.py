@@ -14,14 +14,11 @@ parent's `ProcessScheduler` has the thread scheduler's interface: `Job`s, cancel
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
 import itertools
 import logging
 import multiprocessing
 import threading
 import time
-from collections.abc import Callable
 from dataclasses import dataclass
 from multiprocessing.connection import Connection
 from pathlib import Path
@@ -31,7 +28,7 @@ from model.checkpoint import load, resolve_device
 from model.generation import GenerationConfig
 from server.errors import EngineFailure, NotReady, ShuttingDown, TolkError
 from server.metrics import Metrics
-from server.scheduler import Event, Finished, Job, Scheduler, dispatch, prepare_configs, reserve
+from server.scheduler import Event, Finished, Job, Scheduler, deliver, prepare_configs, reserve
 from server.settings import Settings
 
 log = logging.getLogger(__name__)
@@ -217,7 +214,7 @@ class ProcessScheduler:
                 self._fail_all(EngineFailure("the engine failed while translating"))
 
     def _route(self, items: list[tuple[int, list[Event | TolkError]]], left: int) -> None:
-        by_loop: dict[asyncio.AbstractEventLoop, list[tuple[Job, list[Event | TolkError]]]] = {}
+        out: dict[Job, list[Event | TolkError]] = {}
         with self._lock:
             self._left = left
             for job_id, events in items:
@@ -233,8 +230,8 @@ class ProcessScheduler:
                 if not pending:
                     del self._jobs[job_id]
                     self._ids.pop(job, None)
-                by_loop.setdefault(job.loop, []).append((job, events))
-        _deliver(by_loop)
+                out[job] = events
+        deliver(out)
 
     def _apply(self, ops: list[MetricOp]) -> None:
         for name, labels, method, value in ops:
@@ -250,16 +247,7 @@ class ProcessScheduler:
             self._jobs.clear()
             self._ids.clear()
             self._submitted = self._left = 0
-        by_loop: dict[asyncio.AbstractEventLoop, list[tuple[Job, list[Event | TolkError]]]] = {}
-        for job in jobs:
-            by_loop.setdefault(job.loop, []).append((job, [error]))
-        _deliver(by_loop)
-
-
-def _deliver(by_loop: dict[asyncio.AbstractEventLoop, list[tuple[Job, list[Event | TolkError]]]]) -> None:
-    for loop, batches in by_loop.items():
-        with contextlib.suppress(RuntimeError):  # the loop has closed: nobody is listening any more
-            loop.call_soon_threadsafe(dispatch, batches)
+        deliver({job: [error] for job in jobs})
 
 
 # --- the child process ---------------------------------------------------------------------------------------
@@ -285,20 +273,19 @@ class _Family:
 
 class _Labelled:
     def __init__(self, collector: str, labels: tuple[tuple[str, str], ...], ops: list[MetricOp]) -> None:
-        self._record: Callable[[str, float], None] = lambda method, value: ops.append(
-            (collector, labels, method, value))
+        self.collector, self.labels, self.ops = collector, labels, ops
 
     def inc(self, value: float = 1) -> None:
-        self._record("inc", value)
+        self.ops.append((self.collector, self.labels, "inc", value))
 
     def dec(self, value: float = 1) -> None:
-        self._record("dec", value)
+        self.ops.append((self.collector, self.labels, "dec", value))
 
     def set(self, value: float) -> None:
-        self._record("set", value)
+        self.ops.append((self.collector, self.labels, "set", value))
 
     def observe(self, value: float) -> None:
-        self._record("observe", value)
+        self.ops.append((self.collector, self.labels, "observe", value))
 
 
 class _RemoteJob:
@@ -337,7 +324,7 @@ class _ChildScheduler(Scheduler):
     def drop(self, job: _RemoteJob) -> None:
         self._inbox.put(("cancel", job))  # type: ignore[arg-type]
 
-    def _deliver(self, out: dict[Any, list[Event | TolkError]]) -> None:  # type: ignore[override]
+    def _deliver(self, out: dict[Any, list[Event | TolkError]]) -> None:
         with self._lock:
             left = self._received - self._queued
         ops, self._recorder.ops[:] = list(self._recorder.ops), []
