@@ -20,3 +20,5 @@ set -x
     --max-new-tokens 256 --clients 1 8 32 64 --requests 384 --stream-requests 64 --out bench/results/serve-int8.json
 "$PYTHON" bench/serve.py --random 512x6x8000 --dtype int8 --threads 1 --clients 1 8 32 --requests 128 \
     --stream-requests 32 --out bench/results/serve-random-int8.json
+"$PYTHON" bench/scheduler_process.py
+"$PYTHON" bench/admission.py

@@ -38,8 +38,8 @@ class Settings(BaseSettings):
     # Scheduling
     scheduler_process: bool = Field(default=True, description="each model's scheduler in a process of its own, so "
                                     "decoding and the event loop do not take turns on one GIL (on 2 cores, 32 clients: "
-                                    "1.3 times the sentences/s, 1.7 times streamed); False = a thread of the server "
-                                    "process")
+                                    "1.2 to 1.3 times the sentences/s, 1.6 to 2.3 times streamed); False = a "
+                                    "thread of the server process")
     batching: bool = Field(default=True, description="continuous batching; False decodes one sentence at a time")
     max_batch_rows: int = Field(default=32, ge=1, le=1024, description="cache rows decoding together")
     max_admit_tokens: int = Field(default=4096, ge=1, description="source tokens encoded in one admission step")
