@@ -37,3 +37,50 @@ def throughput_plot(benchmarks: dict[str, list[dict[str, Any]]], path: Path) -> 
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=110)
     plt.close(fig)
+
+
+def load_plot(phases: list[dict[str, Any]], title: str, path: Path) -> None:
+    """The server under load (bench/serve.py's phases): sentences/s and latency against concurrent clients."""
+    fig, (speed, latency) = plt.subplots(1, 2, figsize=(11, 4))
+    for i, (server, stream) in enumerate([("batched", False), ("unbatched", False), ("batched", True),
+                                          ("unbatched", True)]):
+        rows = sorted((r for r in phases if r["server"] == server and r["stream"] == stream),
+                      key=lambda r: r["clients"])
+        if not rows:
+            continue
+        clients = [r["clients"] for r in rows]
+        label, style = f"{server}{', streamed' if stream else ''}", "--" if stream else "-"
+        speed.plot(clients, [r["sentences_per_s"] for r in rows], marker="o", linestyle=style, color=f"C{i}",
+                   label=label)
+        if stream:  # a stream's latency is its time to first token
+            latency.plot(clients, [r["ttft_p50_ms"] for r in rows], marker="o", linestyle=style, color=f"C{i}",
+                         label=f"{label}: time to first token p50")
+        else:
+            latency.plot(clients, [r["latency_p50_ms"] for r in rows], marker="o", color=f"C{i}", label=f"{label} p50")
+            latency.plot(clients, [r["latency_p99_ms"] for r in rows], marker="x", linestyle=":", color=f"C{i}",
+                         label=f"{label} p99")
+    ticks = sorted({r["clients"] for r in phases})
+    for ax, ylabel in ((speed, "sentences/s"), (latency, "ms per request")):
+        ax.set_xscale("log", base=2)
+        ax.set_xticks(ticks, [str(c) for c in ticks])
+        ax.set_xlabel("concurrent clients")
+        ax.set_ylabel(ylabel)
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=7)
+    latency.set_yscale("log")
+    speed.set_title(f"{title}: throughput", fontsize=10)
+    latency.set_title(f"{title}: latency", fontsize=10)
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+if __name__ == "__main__":  # redraw the load plots from serve.py's JSON: python bench/plots.py RESULT.json...
+    import json
+    import sys
+
+    for name in sys.argv[1:]:
+        result = json.loads(Path(name).read_text())
+        load_plot(result["phases"], Path(name).stem, Path(name).with_suffix(".png"))
+        print(f"wrote {Path(name).with_suffix('.png')}")

@@ -295,7 +295,10 @@ def main() -> int:
         "offline": reference, "offline_one_row": single, "batching_ceiling": ceiling, "phases": rows,
         "summary": summary,
     }, indent=2) + "\n")
-    print(f"wrote {args.out}")
+    from plots import load_plot  # matplotlib, bench extra
+
+    load_plot(rows, args.out.stem, args.out.with_suffix(".png"))
+    print(f"wrote {args.out} and {args.out.with_suffix('.png')}")
     return 0
 
 
