@@ -5,7 +5,8 @@ Freezing builds, from the modules' parameters:
 - one product for self-attention's Q, K and V, one for the cross-attention K/V of all decoder layers, and the
   activation or the residual addition fused into the product before it;
 - on the CPU in float32, weights prepacked for oneDNN, whose products run 2 to 4 times faster than PyTorch's
-  default (MKL) on the AMD EPYC machines we measured, at every batch size (docs/benchmarks.md);
+  default (MKL) on the AMD EPYC machines we measured, from two rows up (docs/benchmarks.md); a product of one row
+  and a small weight runs as a plain GEMM, which is faster there (ONE_ROW_PLAIN_MAX);
 - elsewhere (CUDA, half precision, int8 modules) the same structure through F.linear or the quantized modules.
 The modules keep the parameters for training, saving and export; `Transformer.frozen()` builds this copy and
 rebuilds it when they change. Dropout is off: this is for inference only.
@@ -29,6 +30,11 @@ if TYPE_CHECKING:
 
 # oneDNN post-op (attr, algorithm) computing each activation exactly as ACTIVATION_FUNCTIONS does (gelu: erf)
 ONEDNN_ACTIVATIONS = {"relu": ("relu", ""), "gelu": ("gelu", "none"), "swish": ("swish", "")}
+# Weights of at most this many elements also keep a plain transposed copy for products of ONE row: there a
+# prepacked oneDNN call costs a fixed 10-20 us, 1.4 to 4 times a plain GEMM of a 256x256 to 512x512 weight
+# (measured on the 2-core EPYC, 1 and 2 threads); from two rows up, or for larger weights, oneDNN is as fast or
+# faster. Batch-1 decoding of a small model is mostly such products.
+ONE_ROW_PLAIN_MAX = 1 << 19
 
 
 def onednn_usable(weight: Tensor) -> bool:
@@ -71,6 +77,7 @@ class Projection:
     The oneDNN ops are those torch.compile's CPU weight freezing emits for batch sizes that vary
     (torch/_inductor/fx_passes/mkldnn_fusion.py). torch.utils.mkldnn's public MkldnnLinear runs the same
     library but converts activations to and from oneDNN's layout on every call: 1.4 to 1.7 times slower here.
+    A prepacked product of one row and a small weight runs as a plain GEMM instead (ONE_ROW_PLAIN_MAX).
     """
 
     def __init__(self, linears: Sequence[nn.Module], activation: str | None = None, bias: Tensor | None = None,
@@ -81,6 +88,7 @@ class Projection:
         self.onednn = False
         self.weight: Tensor | None = None
         self.bias: Tensor | None = None
+        self.one_row: Tensor | None = None  # (in, out) contiguous: the plain GEMM for one row (ONE_ROW_PLAIN_MAX)
         with torch.no_grad():
             if all(isinstance(m, QuantizedLinear) for m in linears):
                 bias = bias.detach() if bias is not None else None
@@ -91,9 +99,17 @@ class Projection:
             bias = bias if bias is not None else stacked_bias(dense)
             self.bias = bias.detach() if bias is not None else None
             self.onednn = prepack and onednn_usable(weight)
+            if self.onednn and weight.numel() <= ONE_ROW_PLAIN_MAX:
+                self.one_row = weight.t().contiguous()
             self.weight = torch.ops.mkldnn._reorder_linear_weight(weight, None) if self.onednn else weight
 
     def __call__(self, x: Tensor, residual: Tensor | None = None) -> Tensor:
+        if self.one_row is not None and x.numel() == x.shape[-1]:
+            flat = x.reshape(1, -1)
+            y = torch.addmm(self.bias, flat, self.one_row) if self.bias is not None else flat @ self.one_row
+            y = y.view(*x.shape[:-1], -1)
+            y = self.act(y) if self.act is not None else y
+            return y if residual is None else y + residual
         if self.onednn:
             if residual is not None and self.act is None:
                 return torch.ops.mkldnn._linear_pointwise.binary(x, residual, self.weight, self.bias, "add")

@@ -58,7 +58,7 @@ def stepped_logits(model: Transformer, src: torch.Tensor, tgt: torch.Tensor, pre
 
 @pytest.mark.parametrize("prepack", [True, False])
 @pytest.mark.parametrize(("norm", "activation", "rows"), [
-    ("post", "swish", 2), ("pre", "gelu", 2), ("post", "relu", 9)])
+    ("post", "swish", 2), ("pre", "gelu", 2), ("post", "relu", 9), ("pre", "relu", 1)])
 def test_cached_logits_equal_full_recomputation(norm: str, activation: str, rows: int, prepack: bool) -> None:
     model = tiny_model(tiny_config(norm=norm, activation=activation))
     src = torch.tensor([[5, 6, 7, 8, 9, 2], [10, 11, 2, 0, 0, 0]] * (rows // 2) + [[20, 2, 0, 0, 0, 0]] * (rows % 2))
@@ -82,6 +82,29 @@ def test_prepacked_projections_equal_plain_linear_within_rounding() -> None:
         torch.testing.assert_close(Projection([q])(x, residual=residual), q(x) + residual, atol=1e-5, rtol=1e-5)
         for name, act in ACTIVATION_FUNCTIONS.items():
             torch.testing.assert_close(Projection([k], name)(x), act(k(x)), atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.skipif(not torch.backends.mkldnn.is_available(), reason="a torch build without oneDNN")
+@pytest.mark.parametrize("shape", [(1, 48), (1, 1, 48)])
+def test_one_row_plain_product_equals_the_prepacked_one(shape: tuple[int, ...]) -> None:
+    """One row takes the plain GEMM (ONE_ROW_PLAIN_MAX); it must agree with oneDNN's product and with F.linear."""
+    torch.manual_seed(0)
+    k, v = nn.Linear(48, 40), nn.Linear(48, 24, bias=False)
+    x, residual = torch.randn(shape), torch.randn(*shape[:-1], 40)
+    with torch.no_grad():
+        cases = (([k], None, residual), ([k, v], None, None), ([k], "gelu", None), ([v], "relu", None))
+        for linears, act, res in cases:
+            proj = Projection(linears, act)
+            assert proj.onednn and proj.one_row is not None
+            one_row = proj(x, residual=res)
+            proj.one_row = None  # the same product through oneDNN
+            packed = proj(x, residual=res)
+            plain = torch.cat([F.linear(x, m.weight, m.bias) for m in linears], -1)
+            plain = ACTIVATION_FUNCTIONS[act](plain) if act else plain
+            plain = plain + res if res is not None else plain
+            assert one_row.shape == packed.shape == plain.shape
+            torch.testing.assert_close(one_row, packed, atol=1e-5, rtol=1e-5)
+            torch.testing.assert_close(one_row, plain, atol=1e-5, rtol=1e-5)
 
 
 @pytest.mark.parametrize("rows", [1, 8])
