@@ -22,3 +22,4 @@ set -x
     --stream-requests 32 --out bench/results/serve-random-int8.json
 "$PYTHON" bench/scheduler_process.py
 "$PYTHON" bench/admission.py
+"$PYTHON" bench/one_row.py
