@@ -30,7 +30,7 @@ class Settings(BaseSettings):
     device: str = Field(default="auto", description="auto | cpu | cuda | cuda:N")
     dtype: Literal["auto", "float32", "float16", "bfloat16", "int8"] = Field(
         default="auto", description="auto = int8 on the CPU (quantized linear layers: 1.3 to 3 times as fast, within "
-        "0.1 BLEU of float32 on the shipped model), float32 on a GPU"
+        "0.2 BLEU of float32 on the shipped model), float32 on a GPU"
     )
     threads: int | None = Field(default=None, ge=1, le=256, description="torch threads of each scheduler; None = "
                                  "every core but one on the CPU (the event loop needs one), torch's default on a GPU")
@@ -38,7 +38,7 @@ class Settings(BaseSettings):
     # Scheduling
     scheduler_process: bool = Field(default=True, description="each model's scheduler in a process of its own, so "
                                     "decoding and the event loop do not take turns on one GIL (on 2 cores, 32 clients: "
-                                    "1.2 to 1.3 times the sentences/s, 1.6 to 2.3 times streamed); False = a "
+                                    "1.3 to 1.4 times the sentences/s, 1.1 to 1.9 times streamed); False = a "
                                     "thread of the server process")
     batching: bool = Field(default=True, description="continuous batching; False decodes one sentence at a time")
     max_batch_rows: int = Field(default=32, ge=1, le=1024, description="cache rows decoding together")
