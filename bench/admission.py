@@ -21,13 +21,15 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from model.batch import DecodeBatch, FinishEvent  # noqa: E402
 from model.checkpoint import LoadedModel, load  # noqa: E402
+from model.decode import DecodeBatch  # noqa: E402
+from model.events import FinishEvent  # noqa: E402
+from model.search import step  # noqa: E402
 
 
 def run(loaded: LoadedModel, sources: list[list[int]], group: int, rows: int, max_new_tokens: int) -> dict[str, float]:
     config = loaded.generation.update(max_new_tokens=max_new_tokens)
-    batch = DecodeBatch(loaded.model, rows, max(len(s) for s in sources), max_new_tokens)
+    batch = DecodeBatch(loaded.net, rows, max(len(s) for s in sources), max_new_tokens)
     waiting = list(range(len(sources)))
     tokens, admitting = 0, 0.0
     start = time.perf_counter()
@@ -37,9 +39,9 @@ def run(loaded: LoadedModel, sources: list[list[int]], group: int, rows: int, ma
             admit = waiting[:free]
             del waiting[:free]
             t = time.perf_counter()
-            batch.admit([(i, sources[i], config) for i in admit])
+            batch.admit([((0, i), sources[i], config) for i in admit])
             admitting += time.perf_counter() - t
-        for event in batch.step():
+        for event in step(batch):
             if isinstance(event, FinishEvent):
                 tokens += len(event.hypotheses[0].tokens)
     elapsed = time.perf_counter() - start

@@ -22,7 +22,7 @@ from torch import Tensor
 
 from model import checkpoint
 from model.layers import Attention, DecoderLayer, EncoderLayer, FeedForward, Residual, embed_scale
-from model.marian import spm_pieces
+from model.marian_format import spm_pieces
 
 ACTIVATIONS = {"relu": common_spec.Activation.RELU, "gelu": common_spec.Activation.GELU,
                "swish": common_spec.Activation.SWISH}

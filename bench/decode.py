@@ -21,6 +21,7 @@ import torch
 
 from model.checkpoint import resolve_device
 from model.config import ModelConfig
+from model.frozen import freeze
 from model.generation import GenerationConfig
 from model.search import generate
 from model.transformer import Transformer
@@ -75,6 +76,7 @@ def main() -> None:
     torch.manual_seed(0)
     device = resolve_device(args.device)
     model = Transformer(OPUS_MT_EN_DE).to(device).eval()
+    net = freeze(model)
     n = args.new_tokens
     rows = []
     for batch in [int(b) for b in args.batches.split(",")]:
@@ -83,7 +85,7 @@ def main() -> None:
         for beam in (1, 4):
             config = GenerationConfig(beam_size=beam, min_new_tokens=n, max_new_tokens=n)
             rows_needed = batch * beam
-            seconds = timed(lambda src=src, config=config, r=rows_needed: generate(model, src, config, max_rows=r),
+            seconds = timed(lambda src=src, config=config, r=rows_needed: generate(net, src, config, max_rows=r),
                             args.repeats)
             row = {"decoding": "greedy" if beam == 1 else f"beam {beam}", "batch": batch,
                    "tokens_per_s": round(batch * n / seconds, 1), "seconds_per_batch": round(seconds, 3)}

@@ -2,7 +2,7 @@
 
 (a) forced: the OPUS-MT en-de geometry with random weights (bench/decode.py's), 24-token sources, 64 new tokens
     with end-of-sentence suppressed so every engine generates the same tokens' worth of work. Tolk's model is
-    exported by `tolk export-marian` (model/marian.py), loaded by transformers' MarianMTModel and converted by
+    exported by `tolk export-marian` (model/marian_export.py), loaded by transformers' MarianMTModel and converted by
     CTranslate2's TransformersConverter.
 (b) corpus: a Tolk model directory (default weights/en-pt) translating the test split for real. transformers runs
     it only if export-marian can export it (its Marian has no pre-norm variant); CTranslate2 gets it through
@@ -35,7 +35,8 @@ from workers import ENGINES, EngineSpec, Job, Pieces, Worker
 
 from model import checkpoint
 from model.config import ModelConfig
-from model.marian import UnsupportedCheckpoint, export_marian, spm_pieces
+from model.marian_export import export_marian
+from model.marian_format import UnsupportedCheckpoint, spm_pieces
 from model.transformer import Transformer
 
 SETTLE_S = 0.2  # pause between engines, so the last one's OpenMP threads have stopped spinning and sleep

@@ -92,7 +92,7 @@ def main() -> int:
     p.add_argument("--out", type=Path, default=ROOT / "bench" / "results" / "one-row.json")
     args = p.parse_args()
     loaded = load(args.model, device="cpu", dtype="float32")
-    net = loaded.model.frozen()
+    net = loaded.net
     projs = projections(net)
     kept = {id(q): q.one_row for q in projs}
     src = torch.tensor([loaded.tokenizer.encode("The connection to the server was lost and could not be restored.")])

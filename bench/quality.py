@@ -25,9 +25,9 @@ def run_tolk(spec: str, src: list[str], beam: int | None, threads: int) -> tuple
     path, _, precision = spec.partition(":")
     loaded = checkpoint.load(path, device="cpu", dtype=precision or "float32")
     config = loaded.generation if beam is None else loaded.generation.update(beam_size=beam, num_hypotheses=1)
-    translate_lines(loaded.model, loaded.tokenizer, src[:16], config)  # warm-up
+    translate_lines(loaded.net, loaded.tokenizer, src[:16], config)  # warm-up
     start = time.perf_counter()
-    hyps = translate_lines(loaded.model, loaded.tokenizer, src, config)
+    hyps = translate_lines(loaded.net, loaded.tokenizer, src, config)
     name = f"tolk {Path(path).name} {precision or 'float32'} beam {config.beam_size} ({threads} threads)"
     return hyps, time.perf_counter() - start, name
 

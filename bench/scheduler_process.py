@@ -40,9 +40,9 @@ def spinner_cost(args: argparse.Namespace, sentences: list[str]) -> dict[str, fl
     loaded = load(args.model, device="cpu", dtype=args.dtype)
     sources = [loaded.tokenizer.encode(s) for s in sentences[: args.spinner_sentences]]
     config = loaded.generation.update(max_new_tokens=args.max_new_tokens)
-    generate(loaded.model, sources, config, max_rows=32)  # warm-up
+    generate(loaded.net, sources, config, max_rows=32)  # warm-up
     start = time.perf_counter()
-    generate(loaded.model, sources, config, max_rows=32)
+    generate(loaded.net, sources, config, max_rows=32)
     alone = time.perf_counter() - start
     stop = threading.Event()
 
@@ -54,7 +54,7 @@ def spinner_cost(args: argparse.Namespace, sentences: list[str]) -> dict[str, fl
     thread = threading.Thread(target=spin)
     thread.start()
     start = time.perf_counter()
-    generate(loaded.model, sources, config, max_rows=32)
+    generate(loaded.net, sources, config, max_rows=32)
     beside = time.perf_counter() - start
     stop.set()
     thread.join()

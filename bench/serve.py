@@ -172,11 +172,11 @@ def offline(loaded: LoadedModel, sentences: list[str], args: argparse.Namespace,
     """The engine alone: model.search.generate over the sentences with `rows` decoding together (best of 2)."""
     config = loaded.generation.update(max_new_tokens=args.max_new_tokens)
     sources = [loaded.tokenizer.encode(s) for s in sentences]
-    generate(loaded.model, sources[:rows], config, max_rows=rows)  # warm-up
+    generate(loaded.net, sources[:rows], config, max_rows=rows)  # warm-up
     best: dict[str, Any] = {}
     for _ in range(2):
         start = time.perf_counter()
-        hyps = generate(loaded.model, sources, config, max_rows=rows)
+        hyps = generate(loaded.net, sources, config, max_rows=rows)
         elapsed = time.perf_counter() - start
         tokens = sum(len(h[0].tokens) for h in hyps)
         if not best or elapsed < best["seconds"]:

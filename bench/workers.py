@@ -20,7 +20,7 @@ import torch
 
 from model import checkpoint
 from model.generation import GenerationConfig
-from model.marian import spm_pieces
+from model.marian_format import spm_pieces
 from model.search import generate
 
 ENGINES = ("tolk", "tolk-int8", "transformers", "ct2", "ct2-int8")
@@ -66,7 +66,7 @@ class TolkEngine:
         torch.set_num_threads(spec.threads)
         precision = "int8" if spec.name.endswith("int8") else "float32"
         loaded = checkpoint.load(spec.tolk_dir, device="cpu", dtype=precision)
-        self.model = loaded.model
+        self.net = loaded.net
         self.source = piece_ids(loaded.tokenizer.vocab or spm_pieces(spec.tolk_dir / "source.spm"))
         self.target = loaded.tokenizer.vocab or spm_pieces(spec.tolk_dir / "target.spm")
 
@@ -76,7 +76,7 @@ class TolkEngine:
     def generate(self, inputs: list[list[int]], job: Job) -> list[list[int]]:
         config = GenerationConfig(beam_size=job.beam, min_new_tokens=job.min_new, max_new_tokens=job.max_new)
         with torch.inference_mode():
-            return [h[0].tokens for h in generate(self.model, inputs, config, max_rows=len(inputs) * job.beam)]
+            return [h[0].tokens for h in generate(self.net, inputs, config, max_rows=len(inputs) * job.beam)]
 
     def decode(self, outputs: list[list[int]]) -> Pieces:
         return [[self.target[i] for i in ids] for ids in outputs]

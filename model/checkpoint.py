@@ -23,6 +23,7 @@ import torch
 from safetensors.torch import load_model, save_model
 
 from model.config import ModelConfig
+from model.frozen import FrozenTransformer, freeze
 from model.generation import GenerationConfig
 from model.tokenizer import Tokenizer
 from model.transformer import Transformer
@@ -30,6 +31,7 @@ from model.transformer import Transformer
 M = TypeVar("M", bound=torch.nn.Module)
 DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
 PRECISIONS = (*DTYPES, "int8")  # int8: float32 model whose linear layers are dynamically quantized (CPU)
+REQUIRED_FILES = ("config.json", "model.safetensors", "source.spm", "target.spm", "info.json")
 
 
 @dataclass(frozen=True)
@@ -44,9 +46,20 @@ class ModelInfo:
         return cls(str(data["name"]), str(data["source_language"]), str(data["target_language"]))
 
 
+@dataclass(frozen=True)
+class ModelMeta:
+    """Everything of a model directory but its weights: what a process that does not decode needs."""
+
+    path: Path
+    info: ModelInfo
+    cfg: ModelConfig
+    tokenizer: Tokenizer
+    generation: GenerationConfig
+
+
 @dataclass
 class LoadedModel:
-    """A model ready to translate: the network in eval mode on its device, its tokenizer and defaults."""
+    """A model ready to translate: the network in eval mode on its device and frozen, its tokenizer and defaults."""
 
     path: Path
     info: ModelInfo
@@ -55,6 +68,7 @@ class LoadedModel:
     generation: GenerationConfig
     dtype: str
     parameters: int  # counted before quantization (quantized linears hold their weights outside parameters())
+    net: FrozenTransformer  # what decoding runs: `model` fused and prepacked, built once at load time
 
     @property
     def device(self) -> torch.device:
@@ -86,34 +100,45 @@ def quantize_int8(model: M) -> M:
     """
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # deprecation notices of torch.ao's eager API; torchao succeeds it
-        return torch.ao.quantization.quantize_dynamic(model, {torch.nn.Linear}, dtype=torch.qint8)
+        # torch.ao leaves quantize_dynamic unannotated; it returns the model's own type, its linears replaced
+        quantized: M = torch.ao.quantization.quantize_dynamic(  # type: ignore[no-untyped-call]
+            model, {torch.nn.Linear}, dtype=torch.qint8)
+        return quantized
+
+
+def read_meta(directory: Path | str) -> ModelMeta:
+    """Read a model directory's configuration, tokenizer and defaults, without its weights.
+
+    Raises FileNotFoundError if a file of the format is missing, the weights included.
+    """
+    directory = Path(directory)
+    for name in REQUIRED_FILES:
+        if not (directory / name).is_file():
+            raise FileNotFoundError(f"{directory} is not a model directory: {name} is missing")
+    cfg = ModelConfig.load(directory / "config.json")
+    vocab_path = directory / "vocab.json"
+    vocab = json.loads(vocab_path.read_text()) if vocab_path.exists() else None
+    tokenizer = Tokenizer.load(directory, cfg.eos_id, cfg.unk_id, vocab)
+    info = ModelInfo.load(directory / "info.json")
+    return ModelMeta(directory, info, cfg, tokenizer, load_generation_defaults(directory))
 
 
 def load(directory: Path | str, device: str = "auto", dtype: str = "float32") -> LoadedModel:
     """Load a model directory onto a device ('auto', 'cpu', 'cuda', 'cuda:1') in a dtype (or 'int8' on the CPU)."""
-    directory = Path(directory)
     if dtype not in PRECISIONS:
         raise ValueError(f"dtype must be one of {PRECISIONS}, got {dtype!r}")
     dev = resolve_device(device)
     if dtype == "int8" and dev.type != "cpu":
         raise ValueError("dtype 'int8' (dynamic quantization) runs on the CPU only")
-    for name in ("config.json", "model.safetensors", "source.spm", "target.spm", "info.json"):
-        if not (directory / name).is_file():
-            raise FileNotFoundError(f"{directory} is not a model directory: {name} is missing")
-    cfg = ModelConfig.load(directory / "config.json")
-    model = Transformer(cfg)
-    load_model(model, str(directory / "model.safetensors"), strict=True)
+    meta = read_meta(directory)
+    model = Transformer(meta.cfg)
+    load_model(model, str(meta.path / "model.safetensors"), strict=True)
     model = model.to(device=dev, dtype=DTYPES.get(dtype, torch.float32)).eval()
     parameters = model.num_parameters()
     if dtype == "int8":
         model = quantize_int8(model)
-    model.frozen()  # fuse and prepack the weights for inference now, not on the first request
-    vocab_path = directory / "vocab.json"
-    vocab = json.loads(vocab_path.read_text()) if vocab_path.exists() else None
-    tokenizer = Tokenizer.load(directory, cfg.eos_id, cfg.unk_id, vocab)
-    info = ModelInfo.load(directory / "info.json")
-    return LoadedModel(directory, info, model, tokenizer, load_generation_defaults(directory), dtype,
-                       parameters)
+    net = freeze(model)  # fuse and prepack the weights for inference now, not on the first request
+    return LoadedModel(meta.path, meta.info, model, meta.tokenizer, meta.generation, dtype, parameters, net)
 
 
 def save(

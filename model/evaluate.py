@@ -12,10 +12,10 @@ from pathlib import Path
 import torch
 
 from model import checkpoint
+from model.frozen import FrozenTransformer
 from model.generation import GenerationConfig
 from model.search import generate
 from model.tokenizer import Tokenizer
-from model.transformer import Transformer
 
 log = logging.getLogger(__name__)
 
@@ -31,19 +31,19 @@ class Scores:
 
 
 def translate_lines(
-    model: Transformer, tokenizer: Tokenizer, lines: list[str], config: GenerationConfig, max_src: int = 256
+    net: FrozenTransformer, tokenizer: Tokenizer, lines: list[str], config: GenerationConfig, max_src: int = 256
 ) -> list[str]:
     """Translate plain lines (sources longer than max_src tokens are cut) with the offline engine."""
     sources = [tokenizer.encode(line)[:max_src] for line in lines]
-    hyps = generate(model, sources, config)
+    hyps = generate(net, sources, config)
     return [tokenizer.decode(h[0].tokens) for h in hyps]
 
 
 def score(hypotheses: list[str], references: list[str], seconds: float = 0.0) -> Scores:
     import sacrebleu  # training/eval extra, not needed by the server
 
-    bleu = sacrebleu.metrics.BLEU()
-    chrf = sacrebleu.metrics.CHRF()
+    bleu = sacrebleu.BLEU()
+    chrf = sacrebleu.CHRF()
     b = bleu.corpus_score(hypotheses, [references])
     c = chrf.corpus_score(hypotheses, [references])
     return Scores(round(b.score, 2), round(c.score, 2), len(hypotheses), round(seconds, 2),
@@ -73,7 +73,7 @@ def main(args: argparse.Namespace) -> int:
     if args.limit:
         src, ref = src[: args.limit], ref[: args.limit]
     start = time.perf_counter()
-    hyps = translate_lines(loaded.model, loaded.tokenizer, src, config)
+    hyps = translate_lines(loaded.net, loaded.tokenizer, src, config)
     result = score(hyps, ref, time.perf_counter() - start)
     if args.output:
         args.output.write_text("\n".join(hyps) + "\n", encoding="utf-8")

@@ -8,8 +8,9 @@ Freezing builds, from the modules' parameters:
   default (MKL) on the AMD EPYC machines we measured, from two rows up (docs/benchmarks.md); a product of one row
   and a small weight runs as a plain GEMM, which is faster there (ONE_ROW_PLAIN_MAX);
 - elsewhere (CUDA, half precision, int8 modules) the same structure through F.linear or the quantized modules.
-The modules keep the parameters for training, saving and export; `Transformer.frozen()` builds this copy and
-rebuilds it when they change. Dropout is off: this is for inference only.
+The modules keep the parameters for training, saving and export; `freeze` builds this copy from them; build it
+again after they change (it holds both copies of the weights and views into them: an older copy would mix old and
+new). Dropout is off: this is for inference only.
 """
 
 from __future__ import annotations
@@ -39,13 +40,19 @@ ONE_ROW_PLAIN_MAX = 1 << 19
 
 def onednn_usable(weight: Tensor) -> bool:
     """Products with this weight can run through prepacked oneDNN: float32 on the CPU, in a build that has it."""
-    return (weight.device.type == "cpu" and weight.dtype == torch.float32 and torch.backends.mkldnn.is_available()
+    built = bool(torch.backends.mkldnn.is_available())  # type: ignore[no-untyped-call]  # unannotated in torch
+    return (weight.device.type == "cpu" and weight.dtype == torch.float32 and built
             and bool(torch.backends.mkldnn.enabled))
+
+
+def int8_weight_bias(m: QuantizedLinear) -> tuple[Tensor, Tensor | None]:
+    """A dynamically quantized linear's int8 weight and float bias."""
+    return m.weight(), m.bias()  # type: ignore[no-untyped-call]  # torch.ao leaves these accessors unannotated
 
 
 def stacked_bias(linears: Sequence[nn.Linear] | Sequence[QuantizedLinear]) -> Tensor | None:
     """The biases of linears stacked along the output (zeros for those without one), or None if none has one."""
-    biases: list[Tensor | None] = [m.bias() if isinstance(m, QuantizedLinear) else m.bias for m in linears]
+    biases = [int8_weight_bias(m)[1] if isinstance(m, QuantizedLinear) else m.bias for m in linears]
     if all(b is None for b in biases):
         return None
     like = next(b for b in biases if b is not None)
@@ -59,7 +66,7 @@ def stacked_int8(linears: Sequence[QuantizedLinear], bias: Tensor | None) -> Any
     Each keeps its own weight scale as the per-channel scale of its rows, so the int8 weights, the activation
     quantization and the int32 accumulation are exactly those of the separate products.
     """
-    weights = [m.weight() for m in linears]
+    weights = [int8_weight_bias(m)[0] for m in linears]
     ints = torch.cat([w.int_repr() for w in weights])
     scales = torch.cat([torch.full((w.shape[0],), w.q_scale(), dtype=torch.double) for w in weights])
     zero_points = torch.cat([torch.full((w.shape[0],), w.q_zero_point(), dtype=torch.long) for w in weights])
@@ -112,7 +119,8 @@ class Projection:
             return y if residual is None else y + residual
         if self.onednn:
             if residual is not None and self.act is None:
-                return torch.ops.mkldnn._linear_pointwise.binary(x, residual, self.weight, self.bias, "add")
+                fused = torch.ops.mkldnn._linear_pointwise.binary(x, residual, self.weight, self.bias, "add")
+                return cast(Tensor, fused)
             attr, algorithm = self.post_op
             y = torch.ops.mkldnn._linear_pointwise(x, self.weight, self.bias, attr, [], algorithm)
         else:
@@ -261,3 +269,12 @@ class FrozenTransformer:
             x = layer.step(x, cache, i, self_mask, cross_mask)
         cache.advance(B)
         return self.out(self.final.norm(x, 1) if self.final else x)
+
+
+def freeze(model: Transformer, prepack: bool = True) -> FrozenTransformer:
+    """The network prepared for inference (fused and prepacked weights); encoding and the decode step go through it.
+
+    Built anew at each call: freeze once after loading (or after each training stretch) and keep the result.
+    prepack=False keeps PyTorch's default products: the reference the oneDNN path is tested against.
+    """
+    return FrozenTransformer(model, prepack)

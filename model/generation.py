@@ -7,6 +7,13 @@ from typing import Any
 
 MAX_BEAM_SIZE = 16
 MAX_NEW_TOKENS = 1024
+# What each field's annotation accepts, and how a message names it. A bool is never taken for a number.
+ACCEPTED: dict[str, tuple[tuple[type, ...], str]] = {
+    "int": ((int,), "an integer"),
+    "float": ((int, float), "a number"),
+    "bool": ((bool,), "true or false"),
+    "int | None": ((int, type(None)), "an integer or null"),
+}
 
 
 @dataclass(frozen=True)
@@ -30,7 +37,12 @@ class GenerationConfig:
         self.validate()
 
     def validate(self) -> None:
-        """Raise ValueError naming the first invalid field."""
+        """Raise ValueError naming the first invalid field: its type first, then its range."""
+        for f in fields(self):
+            value = getattr(self, f.name)
+            types, kind = ACCEPTED[str(f.type)]
+            if not isinstance(value, types) or isinstance(value, bool) != (types == (bool,)):
+                raise ValueError(f"{f.name} must be {kind}, got {value!r}")
         checks: list[tuple[str, bool, str]] = [
             ("beam_size", 1 <= self.beam_size <= MAX_BEAM_SIZE, f"must be between 1 and {MAX_BEAM_SIZE}"),
             ("num_hypotheses", 1 <= self.num_hypotheses <= self.beam_size, "must be between 1 and beam_size"),
@@ -46,11 +58,8 @@ class GenerationConfig:
             ("min_new_tokens", 0 <= self.min_new_tokens <= self.max_new_tokens, "must be between 0 and max_new_tokens"),
         ]
         for name, ok, message in checks:
-            value = getattr(self, name)
-            if isinstance(value, bool) != (name == "do_sample"):
-                raise ValueError(f"{name} has the wrong type: {value!r}")
             if not ok:
-                raise ValueError(f"{name} {message}, got {value!r}")
+                raise ValueError(f"{name} {message}, got {getattr(self, name)!r}")
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)

@@ -44,7 +44,8 @@ class Attention(nn.Module):
         p = self.dropout if self.training else 0.0
         y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=p, is_causal=causal)
         B, _, T, _ = y.shape
-        return self.out_proj(y.transpose(1, 2).reshape(B, T, -1))
+        out: Tensor = self.out_proj(y.transpose(1, 2).reshape(B, T, -1))
+        return out
 
     def forward(self, x: Tensor, memory: Tensor, mask: Tensor | None, causal: bool = False) -> Tensor:
         """Attention of x over memory (x itself for self-attention); mask is (B, 1, 1|T, S) bool, True = keep."""
@@ -62,7 +63,8 @@ class FeedForward(nn.Module):
         self.dropout = nn.Dropout(dropout)
 
     def forward(self, x: Tensor) -> Tensor:
-        return self.fc2(self.dropout(self.act(self.fc1(x))))
+        y: Tensor = self.fc2(self.dropout(self.act(self.fc1(x))))
+        return y
 
 
 class Residual(nn.Module):

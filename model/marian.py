@@ -13,27 +13,30 @@ import's renumbering, export then import gives back the same model directory.
 Length limits: every Marian checkpoint sets forced_eos_token_id, so transformers forces end-of-sentence as the
 last of max_length - 1 generated tokens. Tolk stops a hypothesis one token earlier and scores it as if that
 end-of-sentence followed, which gives the same tokens and the same beam ranking: max_new_tokens = max_length - 2.
+
+This module holds the import and the command-line entry points of both directions; the export is
+`model.marian_export`, and what both read and name is `model.marian_format`.
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 import logging
-import shutil
 import sys
 from pathlib import Path
 from typing import Any
 
 import sentencepiece as spm
 import torch
-from safetensors.torch import load_file, save_file
+from safetensors.torch import load_file
 from torch import Tensor
 
 from model import checkpoint
 from model.config import ModelConfig
 from model.generation import MAX_NEW_TOKENS, GenerationConfig
 from model.layers import sinusoidal_table
+from model.marian_export import export_marian
+from model.marian_format import UnsupportedCheckpoint, hf_layer_name, read_json
 from model.transformer import Transformer
 
 log = logging.getLogger(__name__)
@@ -66,29 +69,6 @@ GENERATION_NEUTRAL: dict[str, tuple[Any, ...]] = {
 GENERATION_KEYS = ("num_beams", "max_length", "max_new_tokens", "min_length", "min_new_tokens", "length_penalty",
                    "no_repeat_ngram_size", "repetition_penalty", "do_sample", "temperature", "top_k", "top_p",
                    "bad_words_ids", "forced_eos_token_id", "renormalize_logits", *GENERATION_NEUTRAL)
-LAYER_NAMES = {  # Tolk sublayer -> Hugging Face sublayer
-    "self_attn": "self_attn", "self_res.norm": "self_attn_layer_norm", "cross_attn": "encoder_attn",
-    "cross_res.norm": "encoder_attn_layer_norm", "ff.fc1": "fc1", "ff.fc2": "fc2", "ff_res.norm": "final_layer_norm",
-}
-
-
-class UnsupportedCheckpoint(ValueError):
-    """A checkpoint (or model) uses something the other side cannot express; the message names the field."""
-
-
-def hf_layer_name(name: str) -> str | None:
-    """encoder.0.self_res.norm.weight -> model.encoder.layers.0.self_attn_layer_norm.weight (None if not a layer)."""
-    stack, index, rest = (name.split(".", 2) + ["", ""])[:3]
-    if stack not in ("encoder", "decoder") or not index.isdigit():
-        return None
-    for ours, theirs in LAYER_NAMES.items():
-        if rest.startswith(ours + "."):
-            return f"model.{stack}.layers.{index}.{theirs}{rest[len(ours):]}"
-    raise KeyError(name)
-
-
-def read_json(path: Path) -> dict[str, Any]:
-    return dict(json.loads(path.read_text(encoding="utf-8"))) if path.is_file() else {}
 
 
 def load_weights(src: Path) -> dict[str, Tensor]:
@@ -344,132 +324,6 @@ def import_marian(src_dir: Path | str, out_dir: Path | str, name: str | None = N
     card = (src / "README.md").read_text(encoding="utf-8") if (src / "README.md").is_file() else ""
     (out / "MODEL_CARD.md").write_text(f"# {info.name}\n\nImported by `tolk import-marian` from a Hugging Face "
                                        f"Marian checkpoint. The original model card follows.\n\n{card}")
-    return out
-
-
-def hf_weights(model: Transformer) -> dict[str, Tensor]:
-    """The Hugging Face Marian state dict of a (post-norm) Tolk model; tied tables are written once."""
-    cfg = model.cfg
-    sd = model.state_dict()
-    out: dict[str, Tensor] = {}
-    if cfg.share_embeddings:
-        out["model.shared.weight"] = sd["src_embed.weight"]
-    if not cfg.share_embeddings or not cfg.tie_output:  # transformers 5 ties nothing without tie_word_embeddings
-        out["model.encoder.embed_tokens.weight"] = sd["src_embed.weight"]
-        out["model.decoder.embed_tokens.weight"] = sd["tgt_embed.weight"]
-    if not cfg.tie_output:
-        out["lm_head.weight"] = sd["out_proj.weight"]
-    bias = sd["out_bias"] if cfg.output_bias else torch.zeros(cfg.tgt_vocab_size)
-    out["final_logits_bias"] = bias.reshape(1, -1)
-    for name, tensor in sd.items():
-        theirs = hf_layer_name(name)
-        if theirs is not None:
-            out[theirs] = tensor
-    return {k: v.detach().float().cpu().contiguous().clone() for k, v in out.items()}
-
-
-def hf_config(cfg: ModelConfig) -> dict[str, Any]:
-    if cfg.norm != "post" or cfg.layer_norm_eps != 1e-5:
-        raise UnsupportedCheckpoint("transformers' MarianMTModel is post-norm with LayerNorm eps 1e-5; this model "
-                                    f"has norm={cfg.norm!r}, layer_norm_eps={cfg.layer_norm_eps}")
-    return {
-        "architectures": ["MarianMTModel"], "model_type": "marian", "is_encoder_decoder": True,
-        "vocab_size": cfg.src_vocab_size, "decoder_vocab_size": cfg.tgt_vocab_size, "d_model": cfg.d_model,
-        "encoder_layers": cfg.encoder_layers, "decoder_layers": cfg.decoder_layers,
-        "encoder_attention_heads": cfg.n_heads, "decoder_attention_heads": cfg.n_heads,
-        "encoder_ffn_dim": cfg.d_ff, "decoder_ffn_dim": cfg.d_ff, "activation_function": cfg.activation,
-        "max_position_embeddings": cfg.max_positions, "scale_embedding": cfg.scale_embedding,
-        "share_encoder_decoder_embeddings": cfg.share_embeddings, "tie_word_embeddings": cfg.tie_output,
-        "pad_token_id": cfg.pad_id, "eos_token_id": cfg.eos_id, "bos_token_id": cfg.bos_id if cfg.bos_id >= 0 else None,
-        "decoder_start_token_id": cfg.decoder_start_id, "forced_eos_token_id": cfg.eos_id,
-        "dropout": cfg.dropout, "attention_dropout": cfg.attention_dropout, "activation_dropout": 0.0,
-        "encoder_layerdrop": 0.0, "decoder_layerdrop": 0.0, "use_cache": True,
-    }
-
-
-def hf_generation(cfg: ModelConfig, gen: GenerationConfig) -> dict[str, Any]:
-    """generation_config.json under which transformers' generate() reproduces Tolk's decoding."""
-    banned = sorted({cfg.pad_id, cfg.decoder_start_id, cfg.bos_id} - {cfg.eos_id, -1})
-    out: dict[str, Any] = {
-        "bad_words_ids": [[i] for i in banned], "decoder_start_token_id": cfg.decoder_start_id,
-        "eos_token_id": cfg.eos_id, "forced_eos_token_id": cfg.eos_id, "pad_token_id": cfg.pad_id,
-        # + the start token and the forced end-of-sentence, which must still find a position
-        "max_length": min(gen.max_new_tokens, cfg.max_positions - 1) + 2, "num_beams": gen.beam_size,
-        "renormalize_logits": True,
-    }
-    if cfg.bos_id >= 0:
-        out["bos_token_id"] = cfg.bos_id
-    if gen.length_penalty != 1.0:
-        out["length_penalty"] = gen.length_penalty
-    if gen.min_new_tokens:
-        out["min_length"] = gen.min_new_tokens + 1
-    if gen.no_repeat_ngram_size:
-        out["no_repeat_ngram_size"] = gen.no_repeat_ngram_size
-    if gen.repetition_penalty != 1.0:
-        out["repetition_penalty"] = gen.repetition_penalty
-    if gen.do_sample:
-        out.update(do_sample=True, temperature=gen.temperature, top_k=gen.top_k, top_p=gen.top_p)
-    return out
-
-
-def pad_last(model: Transformer, source: list[str], target: list[str]) -> tuple[Transformer, list[str], list[str]]:
-    """Renumber pad to the last id, where Marian puts it and CTranslate2's converter drops it (pad 0 becomes
-    V-1, every other id moves down by one); a model that already has it last is returned as it is."""
-    cfg, sd = model.cfg, model.state_dict()
-    V = cfg.tgt_vocab_size
-    if cfg.pad_id == V - 1 or cfg.src_vocab_size != V:  # one pad id cannot be last in tables of two sizes
-        return model, source, target
-    order = [i for i in range(V) if i != cfg.pad_id] + [cfg.pad_id]
-    new_id = {old: new for new, old in enumerate(order)}
-    ids = {f: new_id[getattr(cfg, f)] for f in ("pad_id", "eos_id", "unk_id", "decoder_start_id")}
-    renumbered = Transformer(ModelConfig.from_dict({**cfg.to_dict(), **ids, "bos_id": new_id.get(cfg.bos_id, -1)}))
-    for name in ("src_embed.weight", "tgt_embed.weight", "out_proj.weight", "out_bias"):
-        if name in sd:
-            sd[name] = sd[name][order]
-    renumbered.load_state_dict(sd)
-    return renumbered.eval(), [source[i] for i in order], [target[i] for i in order]
-
-
-def spm_pieces(path: Path) -> list[str]:
-    sp = spm.SentencePieceProcessor(model_file=str(path))
-    return [sp.id_to_piece(i) for i in range(sp.get_piece_size())]
-
-
-def export_marian(model_dir: Path | str, out_dir: Path | str) -> Path:
-    """Write a Tolk model directory as a Hugging Face Marian checkpoint (MarianMTModel + MarianTokenizer)."""
-    src, out = Path(model_dir), Path(out_dir)
-    loaded = checkpoint.load(src, device="cpu")
-    source = loaded.tokenizer.vocab or spm_pieces(src / "source.spm")
-    target = loaded.tokenizer.vocab or spm_pieces(src / "target.spm")
-    cfg = loaded.model.cfg
-    if (len(source), len(target)) != (cfg.src_vocab_size, cfg.tgt_vocab_size):
-        raise UnsupportedCheckpoint(f"the vocabularies have {len(source)} and {len(target)} pieces, the model "
-                                    f"{cfg.src_vocab_size} and {cfg.tgt_vocab_size} ids")
-    model, source, target = pad_last(loaded.model, source, target)
-    cfg = model.cfg
-    config = hf_config(cfg)
-    out.mkdir(parents=True, exist_ok=True)
-    save_file(hf_weights(model), str(out / "model.safetensors"), metadata={"format": "pt"})
-    separate = source != target
-    files = {
-        "config.json": config,
-        "generation_config.json": hf_generation(cfg, loaded.generation),
-        "vocab.json": {p: i for i, p in enumerate(source)},
-        "tokenizer_config.json": {
-            "tokenizer_class": "MarianTokenizer", "source_lang": loaded.info.source_language,
-            "target_lang": loaded.info.target_language, "unk_token": target[cfg.unk_id],
-            "eos_token": target[cfg.eos_id], "pad_token": target[cfg.pad_id], "model_max_length": cfg.max_positions,
-            "separate_vocabs": separate, "sp_model_kwargs": {},
-        },
-    }
-    if separate:
-        files["target_vocab.json"] = {p: i for i, p in enumerate(target)}
-    for name, data in files.items():
-        (out / name).write_text(json.dumps(data, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
-    for name in ("source.spm", "target.spm"):
-        shutil.copyfile(src / name, out / name)
-    if (src / "MODEL_CARD.md").is_file():
-        shutil.copyfile(src / "MODEL_CARD.md", out / "README.md")
     return out
 
 

@@ -19,9 +19,10 @@ import torch.nn.functional as F
 from safetensors.torch import load_file, save_file
 
 from model import checkpoint
-from model.batching import collate, make_batches
+from model.buckets import collate, make_batches
 from model.config import ModelConfig
 from model.evaluate import score, translate_lines
+from model.frozen import freeze
 from model.generation import GenerationConfig
 from model.tokenizer import Tokenizer
 from model.transformer import Transformer
@@ -122,7 +123,7 @@ def evaluate_dev(model: Transformer, sp: Path, src: list[str], ref: list[str]) -
                     spm.SentencePieceProcessor(model_file=str(sp)), model.cfg.eos_id, model.cfg.unk_id)
     model.eval()
     start = time.perf_counter()
-    hyps = translate_lines(model, tok, src, GenerationConfig(max_new_tokens=160))
+    hyps = translate_lines(freeze(model), tok, src, GenerationConfig(max_new_tokens=160))
     s = score(hyps, ref, time.perf_counter() - start)
     model.train()
     log.info("dev example: %s => %s", src[0], hyps[0])

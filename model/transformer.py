@@ -1,14 +1,14 @@
-"""The encoder-decoder Transformer: its parameters, forward for training and reference, and frozen() for inference."""
+"""The encoder-decoder Transformer: its parameters, and forward for training and reference.
+
+Inference runs on the network frozen from it (`model.frozen.freeze`).
+"""
 
 from __future__ import annotations
-
-from typing import Any
 
 import torch
 from torch import Tensor, nn
 
 from model.config import ModelConfig
-from model.frozen import FrozenTransformer
 from model.layers import DecoderLayer, EncoderLayer, embed_scale, sinusoidal_table
 
 
@@ -34,7 +34,6 @@ class Transformer(nn.Module):
         self.register_buffer("positions", sinusoidal_table(cfg.max_positions, cfg.d_model), persistent=False)
         self.scale = embed_scale(cfg)
         self.dropout = nn.Dropout(cfg.dropout)
-        self._frozen: tuple[tuple[Any, ...], FrozenTransformer] | None = None
         self.reset_parameters()
 
     def reset_parameters(self) -> None:
@@ -49,10 +48,11 @@ class Transformer(nn.Module):
                 emb.weight[self.cfg.pad_id].zero_()
 
     def embed(self, table: nn.Embedding, ids: Tensor, pos: Tensor) -> Tensor:
-        return self.dropout(table(ids) * self.scale + self.positions[pos].to(table.weight.dtype))
+        x: Tensor = self.dropout(table(ids) * self.scale + self.positions[pos].to(table.weight.dtype))
+        return x
 
     def logits(self, h: Tensor) -> Tensor:
-        y = self.out_proj(self.decoder_norm(h))
+        y: Tensor = self.out_proj(self.decoder_norm(h))
         return y + self.out_bias if self.out_bias is not None else y
 
     def encode(self, src: Tensor) -> tuple[Tensor, Tensor]:
@@ -78,26 +78,6 @@ class Transformer(nn.Module):
         """Teacher-forced logits (B, T, V) for source src (B, S) and target input tgt_in (B, T)."""
         memory, src_mask = self.encode(src)
         return self.decode_full(tgt_in, memory, src_mask)
-
-    def frozen(self, prepack: bool = True) -> FrozenTransformer:
-        """This network prepared for inference (fused and prepacked weights), rebuilt when the parameters change.
-
-        Encoding and the decode step for translation go through it. prepack=False keeps PyTorch's default
-        products: the reference the oneDNN path is tested against.
-        """
-        key = (prepack, *((p.data_ptr(), 0 if p.is_inference() else p._version) for p in self.parameters()))
-        if self._frozen is None or self._frozen[0] != key:
-            self._frozen = None  # let the old copy go before building the new one
-            self._frozen = (key, FrozenTransformer(self, prepack))
-        return self._frozen[1]
-
-    def train(self, mode: bool = True) -> Transformer:
-        if mode:
-            self._frozen = None  # training changes the weights: hold no copy of them meanwhile
-        return super().train(mode)
-
-    def __getstate__(self) -> dict[str, Any]:
-        return {**super().__getstate__(), "_frozen": None}  # prepacked weights can be neither copied nor pickled
 
     @property
     def device(self) -> torch.device:

@@ -14,10 +14,10 @@ from fastapi.openapi.utils import get_openapi
 from pydantic import BaseModel
 from starlette.concurrency import run_in_threadpool
 
-from server.engine import Engine
 from server.errors import DisconnectGuard, install_handlers
 from server.metrics import Metrics, MetricsMiddleware
 from server.ratelimit import RateLimiter
+from server.registry import Registry
 from server.routes import health, info, page, translate
 from server.routes import settings as settings_routes
 from server.schemas import SettingsUpdate, TranslateRequest
@@ -28,18 +28,18 @@ log = logging.getLogger(__name__)
 
 @asynccontextmanager
 async def lifespan(app: FastAPI) -> AsyncIterator[None]:
-    engine = Engine(app.state.settings, app.state.metrics)
+    registry = Registry(app.state.settings, app.state.metrics)
     supervisor: asyncio.Task[None] | None = None
     try:
-        await run_in_threadpool(engine.start)  # loading weights blocks; the event loop stays free
-        app.state.engine = engine
-        supervisor = asyncio.create_task(engine.supervise(app.state.settings.watchdog_interval))
+        await run_in_threadpool(registry.start)  # starting batchers blocks; the event loop stays free
+        app.state.registry = registry
+        supervisor = asyncio.create_task(registry.supervise(app.state.settings.watchdog_interval))
         yield
     finally:
-        app.state.engine = None
+        app.state.registry = None
         if supervisor is not None:
             supervisor.cancel()
-        engine.stop()
+        registry.stop()
         log.info("schedulers stopped")
 
 
@@ -68,7 +68,7 @@ def create_app(config: Settings | None = None) -> FastAPI:
                   description="Self-hosted machine translation, LibreTranslate-compatible, with streaming.")
     app.state.settings = config
     app.state.metrics = metrics = Metrics()
-    app.state.engine = None
+    app.state.registry = None
     app.state.rate_limiter = RateLimiter(config.rate_limit, config.rate_limit_storage) if config.rate_limit else None
     install_handlers(app)
     for module in (translate, info, settings_routes, health, page):

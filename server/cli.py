@@ -68,7 +68,7 @@ def serve(args: argparse.Namespace) -> int:
     import uvicorn
 
     from server.app import create_app
-    from server.engine import NoModels, model_dirs
+    from server.registry import NoModels, model_dirs
     from server.settings import Settings
 
     overrides: dict[str, Any] = {k: v for k, v in (
@@ -120,9 +120,9 @@ def translate(args: argparse.Namespace) -> int:
     """Read lines on stdin, write their translations on stdout (no server; sentences batched together)."""
     from model.checkpoint import load
     from model.search import generate
-    from server.engine import NoModels, model_dirs
+    from server.plan import join, make_plan
+    from server.registry import NoModels, model_dirs
     from server.settings import Settings
-    from server.translator import join, make_plan
 
     try:
         directory = args.model or model_dirs(Settings())[0]
@@ -145,7 +145,7 @@ def translate(args: argparse.Namespace) -> int:
     max_src = loaded.model.cfg.max_positions
     for lines in _chunks(iter(sys.stdin), args.batch_lines):
         plan = make_plan(lines, tok, html=False, max_source_tokens=max_src)
-        hyps = generate(loaded.model, plan.sources, config, max_rows=args.rows) if plan.sources else []
+        hyps = generate(loaded.net, plan.sources, config, max_rows=args.rows) if plan.sources else []
         translations = {i: tok.decode(h[0].tokens) for i, h in enumerate(hyps)}
         for t in range(len(lines)):
             print(join(plan, t, translations), flush=False)

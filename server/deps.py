@@ -1,4 +1,4 @@
-"""Typed dependencies: the app's engine, settings and metrics; request bodies; API keys."""
+"""Typed dependencies: the app's model registry, settings and metrics; request bodies; API keys."""
 
 from __future__ import annotations
 
@@ -12,7 +12,6 @@ from pydantic import BaseModel, SecretStr, ValidationError
 from starlette.datastructures import FormData
 from starlette.formparsers import MultiPartException, MultiPartParser
 
-from server.engine import Engine
 from server.errors import (
     Forbidden,
     InvalidEncoding,
@@ -24,6 +23,7 @@ from server.errors import (
     from_validation,
 )
 from server.metrics import Metrics
+from server.registry import Registry
 from server.schemas import GenerationOptions, TranslateRequest
 from server.settings import Settings
 
@@ -40,16 +40,16 @@ async def get_metrics(request: Request) -> Metrics:
     return metrics
 
 
-async def get_engine(request: Request) -> Engine:
-    engine: Engine | None = getattr(request.app.state, "engine", None)
-    if engine is None:
+async def get_registry(request: Request) -> Registry:
+    registry: Registry | None = getattr(request.app.state, "registry", None)
+    if registry is None:
         raise NotReady("the server is starting")
-    return engine
+    return registry
 
 
 SettingsDep = Annotated[Settings, Depends(get_settings)]
 MetricsDep = Annotated[Metrics, Depends(get_metrics)]
-EngineDep = Annotated[Engine, Depends(get_engine)]
+RegistryDep = Annotated[Registry, Depends(get_registry)]
 
 
 async def read_body(request: Request, limit: int) -> bytes:

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Awaitable, Callable, MutableMapping
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
@@ -55,6 +56,56 @@ class Metrics:
                                 registry=r)
         self.step = Histogram("tolk_decode_step_seconds", "Time of one decode step", ["model"], buckets=STEP,
                               registry=r)
+
+
+@dataclass
+class SchedulerStats:
+    """What a model's batcher measured since its last report: one typed record, applied where the collectors live.
+
+    The batcher may run in another process; it fills one of these and sends it up with each step's events. Gauges
+    carry their latest value (None: unchanged), counters what to add, histograms the observations.
+    """
+
+    running: int | None = None  # requests with sentences decoding
+    waiting: int | None = None  # requests none of whose sentences is decoding yet
+    rows_used: int | None = None
+    cache_bytes: int | None = None
+    row_limit: int | None = None
+    input_tokens: int = 0
+    out_of_memory: int = 0
+    generated: dict[str, int] = field(default_factory=dict)  # finish reason -> tokens of best hypotheses
+    queue: list[float] = field(default_factory=list)
+    ttft: list[float] = field(default_factory=list)
+    itl: list[float] = field(default_factory=list)
+    batch_rows: list[int] = field(default_factory=list)
+    step: list[float] = field(default_factory=list)
+
+    def __bool__(self) -> bool:
+        """Whether there is anything to apply (a gauge set to 0 is something)."""
+        return self != SchedulerStats()
+
+    def take(self) -> SchedulerStats:
+        """This record's contents, leaving it empty."""
+        taken = replace(self)
+        self.__dict__.update(SchedulerStats().__dict__)
+        return taken
+
+    def apply(self, metrics: Metrics, model: str) -> None:
+        """Add this record to the collectors of `model`."""
+        for name in ("running", "waiting", "rows_used", "cache_bytes", "row_limit"):
+            value = getattr(self, name)
+            if value is not None:
+                getattr(metrics, name).labels(model=model).set(value)
+        if self.input_tokens:
+            metrics.input_tokens.labels(model=model).inc(self.input_tokens)
+        if self.out_of_memory:
+            metrics.out_of_memory.labels(model=model).inc(self.out_of_memory)
+        for reason, tokens in self.generated.items():
+            metrics.generated_tokens.labels(model=model, reason=reason).inc(tokens)
+        for name in ("queue", "ttft", "itl", "batch_rows", "step"):
+            histogram = getattr(metrics, name).labels(model=model)
+            for value in getattr(self, name):
+                histogram.observe(value)
 
 
 class MetricsMiddleware:

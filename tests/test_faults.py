@@ -13,15 +13,15 @@ import pytest
 import torch
 from fastapi.testclient import TestClient
 
-from model.batch import DecodeBatch
 from model.checkpoint import LoadedModel
+from model.decode import DecodeBatch
+from model.events import FinishEvent, TokenEvent
 from model.generation import GenerationConfig
 from model.search import generate
 from server.app import create_app
-from server.metrics import Metrics
-from server.scheduler import Finished, Scheduler, Token
+from server.scheduler import Scheduler
 from tests.test_server_api import metric, server_settings
-from tests.test_server_batching import scheduler_of, slow_steps, wait_for
+from tests.test_server_batching import batch_of, batcher_of, scheduler_of, slow_steps, thread_scheduler, wait_for
 
 TEXTS = ["Open the file.", "Save changes before closing.", "The file could not be opened.", "Disk full.",
          "Select all copy paste undo.", "Click here to continue."]
@@ -31,25 +31,25 @@ OPTIONS: list[dict[str, Any]] = [{}, {"max_new_tokens": 7}, {"beam_size": 2}, {"
 
 @pytest.fixture
 def scheduler(tiny_loaded: LoadedModel, tiny_model_dir: Path) -> Iterator[Scheduler]:
-    s = Scheduler("tiny", tiny_loaded.model, server_settings(tiny_model_dir, max_batch_rows=8), Metrics())
+    s = thread_scheduler(tiny_loaded, server_settings(tiny_model_dir, max_batch_rows=8, scheduler_process=False))
     s.start()
     yield s
     s.stop()
 
 
 def run_job(scheduler: Scheduler, sources: list[list[int]], configs: list[GenerationConfig]) -> tuple[
-        dict[int, list[int]], dict[int, Finished]]:
-    """Submit one streaming job; the token ids streamed per sentence and each sentence's Finished event."""
+        dict[int, list[int]], dict[int, FinishEvent]]:
+    """Submit one streaming job; the token ids streamed per sentence and each sentence's FinishEvent."""
 
-    async def scenario() -> tuple[dict[int, list[int]], dict[int, Finished]]:
+    async def scenario() -> tuple[dict[int, list[int]], dict[int, FinishEvent]]:
         job = scheduler.submit(sources, configs, stream=True)
         streamed: dict[int, list[int]] = {i: [] for i in range(len(sources))}
-        finished: dict[int, Finished] = {}
+        finished: dict[int, FinishEvent] = {}
         async for event in job.events():
-            if isinstance(event, Token):
-                streamed[event.index].append(event.token)
+            if isinstance(event, TokenEvent):
+                streamed[event.sentence].append(event.token)
             else:
-                finished[event.index] = event
+                finished[event.sentence] = event
         return streamed, finished
 
     return asyncio.run(scenario())
@@ -61,7 +61,7 @@ def inject(batch: DecodeBatch, name: str, fails: Any) -> list[int]:
     seen: list[int] = []
 
     def wrapper(*args: Any) -> Any:
-        seen.append(batch.n if name == "step" else len(args[0]))
+        seen.append(batch.n if name == "forward" else len(args[0]))
         if fails(batch, *args):
             raise torch.OutOfMemoryError("CUDA out of memory (simulated)")
         return original(*args)
@@ -71,16 +71,16 @@ def inject(batch: DecodeBatch, name: str, fails: Any) -> list[int]:
 
 
 def expected(loaded: LoadedModel, config: GenerationConfig, text: str) -> list[int]:
-    (hyps,) = generate(loaded.model, [loaded.tokenizer.encode(text)], config)
+    (hyps,) = generate(loaded.net, [loaded.tokenizer.encode(text)], config)
     return hyps[0].tokens
 
 
 def test_out_of_memory_step_halves_the_rows_and_loses_nothing(scheduler: Scheduler, tiny_loaded: LoadedModel) -> None:
     """After three steps with every row, memory 'runs out' above 3 rows: the newest sentences leave and are decoded
     again; every sentence still ends exactly as alone, and streamed tokens are neither lost nor sent twice."""
-    batch = scheduler.batch
+    batch = batch_of(scheduler)
     assert batch is not None
-    steps = inject(batch, "step", lambda b: len(steps) > 3 and b.n > 3)
+    steps = inject(batch, "forward", lambda b: len(steps) > 3 and b.n > 3)
     sources = [tiny_loaded.tokenizer.encode(t) for t in TEXTS]
     configs = [tiny_loaded.generation.update(**o) for o in OPTIONS]
     streamed, finished = run_job(scheduler, sources, configs)
@@ -99,7 +99,7 @@ def test_out_of_memory_step_halves_the_rows_and_loses_nothing(scheduler: Schedul
 
 
 def test_out_of_memory_admission_is_retried_with_half(scheduler: Scheduler, tiny_loaded: LoadedModel) -> None:
-    batch = scheduler.batch
+    batch = batch_of(scheduler)
     assert batch is not None
     admissions = inject(batch, "admit", lambda b, items: len(items) > 2)
     sources = [tiny_loaded.tokenizer.encode(t) for t in TEXTS]
@@ -112,7 +112,7 @@ def test_out_of_memory_admission_is_retried_with_half(scheduler: Scheduler, tiny
 
 
 def test_out_of_memory_with_one_sentence_fails_it_alone(scheduler: Scheduler, tiny_loaded: LoadedModel) -> None:
-    batch = scheduler.batch
+    batch = batch_of(scheduler)
     assert batch is not None
     inject(batch, "admit", lambda b, items: any(len(src) > 8 for _, src, _ in items))
     long_ = tiny_loaded.tokenizer.encode("Save changes before closing the file, then click here to continue.")
@@ -125,15 +125,17 @@ def test_out_of_memory_with_one_sentence_fails_it_alone(scheduler: Scheduler, ti
 
 
 def metric_of(scheduler: Scheduler, name: str) -> float:
-    return float(scheduler._m[name]._value.get())  # type: ignore[attr-defined]
+    collector = getattr(scheduler._metrics, name).labels(model=scheduler.name)
+    return float(collector._value.get())
 
 
 def test_dead_scheduler_fails_its_requests_turns_ready_to_503_and_is_restarted(tiny_model_dir: Path) -> None:
-    settings = server_settings(tiny_model_dir, watchdog_interval=3600)  # the test calls the supervisor itself
+    # the test calls the supervisor itself
+    settings = server_settings(tiny_model_dir, watchdog_interval=3600, scheduler_process=False)
     body = {"q": "Open the file.", "target": "pt", "options": {"min_new_tokens": 30, "max_new_tokens": 30}}
     with TestClient(create_app(settings)) as client:
         scheduler = scheduler_of(client)
-        engine = client.app.state.engine  # type: ignore[attr-defined]
+        registry = client.app.state.registry  # type: ignore[attr-defined]
         died = threading.Event()
 
         def broken(now: float) -> None:
@@ -142,23 +144,23 @@ def test_dead_scheduler_fails_its_requests_turns_ready_to_503_and_is_restarted(t
 
         with ThreadPoolExecutor(1) as pool, slow_steps(scheduler, 0.01):
             pending = pool.submit(client.post, "/translate", json=body)
-            wait_for(lambda: scheduler.batch is not None and scheduler.batch.n > 0)
-            scheduler._expire = broken  # type: ignore[method-assign]
+            wait_for(lambda: (batch := batch_of(scheduler)) is not None and batch.n > 0)
+            batcher_of(scheduler)._expire = broken  # type: ignore[method-assign]
             r = pending.result(timeout=30)
         assert died.is_set()
         assert (r.status_code, r.json()["error_type"]) == (500, "engine_failure")
         wait_for(lambda: scheduler.dead)
         assert client.get("/ready").status_code == 503
         assert client.post("/translate", json=body).status_code == 503
-        del scheduler._expire  # the bug is fixed by the restart: a fresh thread and batch
-        assert engine.revive() == ["tiny-en-pt"]
+        assert registry.revive() == ["tiny-en-pt"]  # the bug is fixed by the restart: a fresh batcher
         assert client.get("/ready").status_code == 200
         assert client.post("/translate", json=body).status_code == 200
         assert metric(client, 'tolk_scheduler_restarts_total{model="tiny-en-pt"}') == 1
 
 
 def test_supervisor_restarts_a_dead_scheduler_by_itself(tiny_model_dir: Path) -> None:
-    with TestClient(create_app(server_settings(tiny_model_dir, watchdog_interval=0.05))) as client:
+    settings = server_settings(tiny_model_dir, watchdog_interval=0.05, scheduler_process=False)
+    with TestClient(create_app(settings)) as client:
         scheduler = scheduler_of(client)
         calls = 0
 
@@ -168,7 +170,7 @@ def test_supervisor_restarts_a_dead_scheduler_by_itself(tiny_model_dir: Path) ->
             if calls == 1:
                 raise RuntimeError("simulated")
 
-        scheduler._expire = broken_once  # type: ignore[method-assign]
+        batcher_of(scheduler)._expire = broken_once  # type: ignore[method-assign]
         assert client.post("/translate", json={"q": "Open the file.", "target": "pt"}).status_code in (200, 500)
         wait_for(lambda: metric(client, 'tolk_scheduler_restarts_total{model="tiny-en-pt"}') == 1)
         wait_for(lambda: client.get("/ready").status_code == 200)

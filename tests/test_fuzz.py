@@ -29,15 +29,15 @@ from hypothesis import strategies as st
 from pydantic import BaseModel, SecretStr, ValidationError
 from schemathesis import Case
 
-from model.batch import Hypothesis
 from model.checkpoint import LoadedModel
+from model.events import Hypothesis
 from model.tokenizer import REPLACEMENT, IncrementalDetokenizer, Tokenizer
 from server.app import create_app
 from server.errors import from_validation
+from server.plan import Plan, TextStream, join, make_plan
 from server.schemas import GenerationOptions, SettingsUpdate, TranslateRequest
 from server.settings import Settings
 from server.text import Sentence, fit, split_html, split_text
-from server.translator import Plan, TextStream, join, make_plan
 from tests.live import live_server
 from tests.test_server_api import server_settings
 

@@ -37,5 +37,5 @@ def test_shipped_model_is_complete(shipped: checkpoint.LoadedModel) -> None:
 def test_golden_translations(shipped: checkpoint.LoadedModel, beam_size: int) -> None:
     config = shipped.generation.update(beam_size=beam_size)
     sources = [shipped.tokenizer.encode(s) for s in GOLDEN]
-    got = [shipped.tokenizer.decode(h[0].tokens) for h in generate(shipped.model, sources, config)]
+    got = [shipped.tokenizer.decode(h[0].tokens) for h in generate(shipped.net, sources, config)]
     assert dict(zip(GOLDEN, got, strict=True)) == GOLDEN

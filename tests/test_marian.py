@@ -17,9 +17,11 @@ from typing import Any
 import pytest
 import sentencepiece as spm
 import torch
+from safetensors.torch import load_file, save_file
 
-from model import checkpoint, marian
+from model import checkpoint, marian, marian_export
 from model.layers import sinusoidal_table
+from model.marian_format import UnsupportedCheckpoint
 from model.search import generate
 from tests.tiny import corpus_lines, tiny_config
 
@@ -170,7 +172,7 @@ def hf_generate(model: Any, tokenizer: Any, texts: list[str], **settings: Any) -
 
 def tolk_generate(loaded: checkpoint.LoadedModel, texts: list[str], **settings: Any) -> list[list[int]]:
     sources = [loaded.tokenizer.encode(t) for t in texts]
-    return [h[0].tokens for h in generate(loaded.model, sources, loaded.generation.update(**settings))]
+    return [h[0].tokens for h in generate(loaded.net, sources, loaded.generation.update(**settings))]
 
 
 def test_tokenization_equals_marian_tokenizer(hf: tuple[Any, Any], imported: checkpoint.LoadedModel) -> None:
@@ -267,13 +269,13 @@ def same_model_dirs(a: Path, b: Path) -> None:
         assert (a / name).exists() == (b / name).exists(), name
         if (a / name).exists():
             assert (a / name).read_bytes() == (b / name).read_bytes(), name
-    wa, wb = marian.load_file(str(a / "model.safetensors")), marian.load_file(str(b / "model.safetensors"))
+    wa, wb = load_file(str(a / "model.safetensors")), load_file(str(b / "model.safetensors"))
     assert wa.keys() == wb.keys() and all(torch.equal(wa[k], wb[k]) for k in wa)
 
 
 def test_export_then_import_is_the_identity(imported: checkpoint.LoadedModel, hf: tuple[Any, Any],
                                             tmp_path: Path) -> None:
-    out = marian.export_marian(imported.path, tmp_path / "hf")
+    out = marian_export.export_marian(imported.path, tmp_path / "hf")
     same_model_dirs(imported.path, marian.import_marian(out, tmp_path / "again", name=imported.info.name))
     theirs, _, real = teacher_forced(hf, imported, sample_texts(12))
     again, _, _ = teacher_forced(load_hf(out), imported, sample_texts(12))
@@ -281,7 +283,7 @@ def test_export_then_import_is_the_identity(imported: checkpoint.LoadedModel, hf
 
 
 def test_a_tolk_model_exports_to_transformers(tiny_model_dir: Path, tmp_path: Path) -> None:
-    out = marian.export_marian(tiny_model_dir, tmp_path / "hf")
+    out = marian_export.export_marian(tiny_model_dir, tmp_path / "hf")
     hf = load_hf(out)
     loaded = checkpoint.load(tiny_model_dir, device="cpu")
     hf_id = json.loads((out / "vocab.json").read_text())  # pad moved last: the other ids shift down by one
@@ -324,7 +326,7 @@ def test_unsupported_fields_are_refused_by_name(
 ) -> None:
     src = edited_copy(hf_dir, tmp_path / "hf", file, changes)
     shutil.copyfile(src / "vocab.json", src / "target_vocab.json")
-    with pytest.raises(marian.UnsupportedCheckpoint, match=field):
+    with pytest.raises(UnsupportedCheckpoint, match=field):
         marian.import_marian(src, tmp_path / "out")
 
 
@@ -333,11 +335,11 @@ def test_unknown_tensors_and_pre_norm_export_are_refused(hf_dir: Path, tmp_path:
     shutil.copytree(hf_dir, src)
     weights = marian.load_weights(src)
     weights["model.encoder.layernorm_embedding.weight"] = torch.ones(32)
-    marian.save_file(weights, str(src / "model.safetensors"))
-    with pytest.raises(marian.UnsupportedCheckpoint, match="layernorm_embedding"):
+    save_file(weights, str(src / "model.safetensors"))
+    with pytest.raises(UnsupportedCheckpoint, match="layernorm_embedding"):
         marian.import_marian(src, tmp_path / "out")
-    with pytest.raises(marian.UnsupportedCheckpoint, match="norm='pre'"):
-        marian.hf_config(tiny_config(norm="pre"))
+    with pytest.raises(UnsupportedCheckpoint, match="norm='pre'"):
+        marian_export.hf_config(tiny_config(norm="pre"))
 
 
 def test_a_pre_norm_checkpoint_with_final_norms_imports_as_pre_norm(hf_dir: Path, tmp_path: Path) -> None:
@@ -347,7 +349,7 @@ def test_a_pre_norm_checkpoint_with_final_norms_imports_as_pre_norm(hf_dir: Path
     for stack in ("encoder", "decoder"):
         weights[f"model.{stack}.layer_norm.weight"] = torch.full((32,), 2.0)
         weights[f"model.{stack}.layer_norm.bias"] = torch.zeros(32)
-    marian.save_file(weights, str(src / "model.safetensors"))
+    save_file(weights, str(src / "model.safetensors"))
     model = checkpoint.load(marian.import_marian(src, tmp_path / "out"), device="cpu").model
     assert model.cfg.norm == "pre" and torch.equal(model.decoder_norm.weight, torch.full((32,), 2.0))
 

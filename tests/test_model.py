@@ -10,11 +10,12 @@ import torch.nn.functional as F
 from torch import nn
 
 from model import checkpoint
-from model.batch import DecodeBatch, FinishEvent, TokenEvent, top_k
-from model.frozen import Projection, attend_one
+from model.decode import DecodeBatch
+from model.events import FinishEvent, SentenceKey, TokenEvent
+from model.frozen import Projection, attend_one, freeze
 from model.generation import GenerationConfig
 from model.layers import ACTIVATION_FUNCTIONS
-from model.search import beam_search, generate, greedy, sample
+from model.search import admissible, beam_search, generate, greedy, sample, step, top_k
 from model.transformer import Transformer
 from tests.tiny import tiny_config, tiny_model
 
@@ -49,7 +50,7 @@ def greedy_by_recomputation(model: Transformer, src: list[int], max_new: int) ->
 def stepped_logits(model: Transformer, src: torch.Tensor, tgt: torch.Tensor, prepack: bool = True) -> torch.Tensor:
     """Logits (B, T, V) of the frozen network fed tgt one token per step through its KV cache."""
     with torch.no_grad():
-        net = model.frozen(prepack=prepack)
+        net = freeze(model, prepack=prepack)
         cache = net.new_cache(rows=src.shape[0], max_src=src.shape[1], max_tgt=tgt.shape[1] + 2)
         memory, mask = net.encode(src)
         cache.admit(0, net.cross_kv(memory), mask)
@@ -135,22 +136,19 @@ def test_int8_decode_steps_track_float32() -> None:
     assert torch.corrcoef(torch.stack([exact.flatten(), approx.flatten()]))[0, 1] > 0.99
 
 
-def test_frozen_copy_follows_the_parameters() -> None:
+def test_freeze_follows_the_parameters() -> None:
     model = tiny_model()
-    net = model.frozen()
-    assert model.frozen() is net
     src, tgt = torch.tensor([[5, 6, 7, 2]]), torch.tensor([[1, 12, 13]])
     before = stepped_logits(model, src, tgt)
     with torch.no_grad():
         dict(model.named_parameters())["decoder.0.ff.fc2.weight"].mul_(2.0)
-    assert model.frozen() is not net
-    with torch.no_grad():
         full = model(src, tgt)
     torch.testing.assert_close(stepped_logits(model, src, tgt), full, atol=1e-5, rtol=1e-4)
     assert not torch.allclose(before, full)
-    assert model.train()._frozen is None  # no stale copy is held while training
-    net = model.eval().frozen()
-    assert copy.deepcopy(model).frozen() is not net  # prepacked weights are not copied: the copy builds its own
+    net = freeze(model)
+    twin = copy.deepcopy(model)  # a frozen network lives outside the module: the copy builds its own weights
+    assert freeze(twin).tgt_table.data_ptr() != net.tgt_table.data_ptr()
+    torch.testing.assert_close(stepped_logits(twin, src, tgt), full, atol=1e-5, rtol=1e-4)
 
 
 @pytest.mark.parametrize("V", [100, 1000, 1031])
@@ -165,7 +163,7 @@ def test_chunked_top_k_equals_torch_top_k(V: int) -> None:
 
 
 def test_greedy_equals_recomputation(loaded: checkpoint.LoadedModel, sources: list[list[int]]) -> None:
-    cached = greedy(loaded.model, sources, max_new_tokens=20)
+    cached = greedy(loaded.net, sources, max_new_tokens=20)
     reference = [greedy_by_recomputation(loaded.model, s, 20) for s in sources]
     assert cached == reference
     assert any(len(c) < 20 for c in cached), "the tiny model should end some sentences with eos"
@@ -173,8 +171,8 @@ def test_greedy_equals_recomputation(loaded: checkpoint.LoadedModel, sources: li
 
 def test_padded_batch_equals_each_alone(loaded: checkpoint.LoadedModel, sources: list[list[int]]) -> None:
     config = GenerationConfig(max_new_tokens=20)
-    together = generate(loaded.model, sources, config)
-    alone = [generate(loaded.model, [s], config)[0] for s in sources]
+    together = generate(loaded.net, sources, config)
+    alone = [generate(loaded.net, [s], config)[0] for s in sources]
     assert [h[0].tokens for h in together] == [h[0].tokens for h in alone]
     for a, b in zip(together, alone, strict=True):
         assert a[0].score == pytest.approx(b[0].score, abs=1e-4)
@@ -186,55 +184,56 @@ def test_rows_admitted_at_different_steps_decode_as_alone(
     greedy_cfg = GenerationConfig(max_new_tokens=20)
     beam_cfg = GenerationConfig(beam_size=3, max_new_tokens=20)
     plan = [(0, 0, greedy_cfg), (1, 2, beam_cfg), (3, 2, greedy_cfg), (5, 1, greedy_cfg), (7, 3, beam_cfg)]
-    batch = DecodeBatch(loaded.model, rows=8, max_src=32, max_tgt=24)
+    batch = DecodeBatch(loaded.net, rows=8, max_src=32, max_tgt=24)
     results: dict[int, list[int]] = {}
     streamed: dict[int, list[int]] = {}
-    step = 0
+    turn = 0
     pending = list(enumerate(plan))
     while len(results) < len(plan):
-        while pending and pending[0][1][0] <= step and pending[0][1][2].beam_size <= batch.free_rows:
+        while pending and pending[0][1][0] <= turn and pending[0][1][2].beam_size <= batch.free_rows:
             k, (_, i, c) = pending.pop(0)  # joins mid-flight, in rows others have just freed
-            batch.admit([(k, sources[i], c)])
-        for event in batch.step():
+            batch.admit([((k, 0), sources[i], c)])
+        for event in step(batch):
             if isinstance(event, TokenEvent):
-                streamed.setdefault(int(event.key), []).append(event.token)  # type: ignore[call-overload]
+                streamed.setdefault(event.request, []).append(event.token)
             elif isinstance(event, FinishEvent):
-                results[int(event.key)] = event.hypotheses[0].tokens  # type: ignore[call-overload]
-        step += 1
+                results[event.request] = event.hypotheses[0].tokens
+        turn += 1
     assert batch.n == 0 and batch.cache.t_hi == 0
     for k, (_, i, c) in enumerate(plan):
-        assert results[k] == generate(loaded.model, [sources[i]], c)[0][0].tokens, f"sequence {k}"
+        assert results[k] == generate(loaded.net, [sources[i]], c)[0][0].tokens, f"sequence {k}"
         if c.beam_size == 1:
             assert streamed.get(k, []) == results[k]
 
 
 def test_cancel_frees_rows_and_leaves_others_intact(loaded: checkpoint.LoadedModel, sources: list[list[int]]) -> None:
     config = GenerationConfig(max_new_tokens=20)
-    batch = DecodeBatch(loaded.model, rows=4, max_src=32, max_tgt=24)
-    batch.admit([("a", sources[0], config), ("b", sources[1], GenerationConfig(beam_size=2, max_new_tokens=20)),
-                 ("c", sources[3], config)])
-    batch.step()
+    a, b, c = (1, 0), (1, 1), (2, 0)
+    batch = DecodeBatch(loaded.net, rows=4, max_src=32, max_tgt=24)
+    batch.admit([(a, sources[0], config), (b, sources[1], GenerationConfig(beam_size=2, max_new_tokens=20)),
+                 (c, sources[3], config)])
+    step(batch)
     assert batch.free_rows == 0
-    assert batch.cancel("b") and not batch.cancel("b")
+    assert batch.cancel(b) and not batch.cancel(b)
     assert batch.free_rows == 2
-    out: dict[str, list[int]] = {"a": [], "c": []}
-    first = {"a": generate(loaded.model, [sources[0]], config)[0][0].tokens[:1]}
+    out: dict[SentenceKey, list[int]] = {a: [], c: []}
+    first = {a: generate(loaded.net, [sources[0]], config)[0][0].tokens[:1]}
     while len(batch):
-        for event in batch.step():
+        for event in step(batch):
             if isinstance(event, FinishEvent):
-                out[str(event.key)] = event.hypotheses[0].tokens
-    assert out["a"] == generate(loaded.model, [sources[0]], config)[0][0].tokens
-    assert out["c"] == generate(loaded.model, [sources[3]], config)[0][0].tokens
-    assert out["a"][:1] == first["a"]
+                out[event.key] = event.hypotheses[0].tokens
+    assert out[a] == generate(loaded.net, [sources[0]], config)[0][0].tokens
+    assert out[c] == generate(loaded.net, [sources[3]], config)[0][0].tokens
+    assert out[a][:1] == first[a]
 
 
 def test_beam_one_equals_greedy(loaded: checkpoint.LoadedModel, sources: list[list[int]]) -> None:
-    beams = beam_search(loaded.model, sources, beam_size=1, max_new_tokens=20)
-    assert [h[0].tokens for h in beams] == greedy(loaded.model, sources, max_new_tokens=20)
+    beams = beam_search(loaded.net, sources, beam_size=1, max_new_tokens=20)
+    assert [h[0].tokens for h in beams] == greedy(loaded.net, sources, max_new_tokens=20)
 
 
 def test_nbest_is_sorted_and_distinct(loaded: checkpoint.LoadedModel, sources: list[list[int]]) -> None:
-    for hyps in beam_search(loaded.model, sources, beam_size=4, num_hypotheses=4, max_new_tokens=20):
+    for hyps in beam_search(loaded.net, sources, beam_size=4, num_hypotheses=4, max_new_tokens=20):
         assert len(hyps) == 4
         scores = [h.score for h in hyps]
         assert scores == sorted(scores, reverse=True)
@@ -243,8 +242,8 @@ def test_nbest_is_sorted_and_distinct(loaded: checkpoint.LoadedModel, sources: l
 
 def test_beam_search_finds_at_least_the_greedy_score(loaded: checkpoint.LoadedModel, sources: list[list[int]]) -> None:
     config = GenerationConfig(beam_size=4, length_penalty=0.0, max_new_tokens=20)
-    greedy_hyps = generate(loaded.model, sources, GenerationConfig(max_new_tokens=20))
-    for beam, g in zip(generate(loaded.model, sources, config), greedy_hyps, strict=True):
+    greedy_hyps = generate(loaded.net, sources, GenerationConfig(max_new_tokens=20))
+    for beam, g in zip(generate(loaded.net, sources, config), greedy_hyps, strict=True):
         if g[0].finish_reason == "eos":
             assert beam[0].score >= g[0].score - 1e-4
 
@@ -252,18 +251,18 @@ def test_beam_search_finds_at_least_the_greedy_score(loaded: checkpoint.LoadedMo
 def test_sampling_is_reproducible_by_seed_and_batch_independent(
     loaded: checkpoint.LoadedModel, sources: list[list[int]]
 ) -> None:
-    a = sample(loaded.model, sources, seed=7, max_new_tokens=12)
-    b = sample(loaded.model, sources, seed=7, max_new_tokens=12)
-    alone = sample(loaded.model, sources[1:2], seed=7, max_new_tokens=12)
-    other = sample(loaded.model, sources, seed=8, max_new_tokens=12)
+    a = sample(loaded.net, sources, seed=7, max_new_tokens=12)
+    b = sample(loaded.net, sources, seed=7, max_new_tokens=12)
+    alone = sample(loaded.net, sources[1:2], seed=7, max_new_tokens=12)
+    other = sample(loaded.net, sources, seed=8, max_new_tokens=12)
     assert a == b
     assert alone[0] == a[1]
     assert other != a
 
 
 def test_sampling_respects_top_k_one(loaded: checkpoint.LoadedModel, sources: list[list[int]]) -> None:
-    sampled = sample(loaded.model, sources, seed=3, top_k=1, temperature=2.0, max_new_tokens=12)
-    assert sampled == greedy(loaded.model, sources, max_new_tokens=12)
+    sampled = sample(loaded.net, sources, seed=3, top_k=1, temperature=2.0, max_new_tokens=12)
+    assert sampled == greedy(loaded.net, sources, max_new_tokens=12)
 
 
 def test_rows_with_different_settings_share_a_batch(loaded: checkpoint.LoadedModel, sources: list[list[int]]) -> None:
@@ -273,18 +272,18 @@ def test_rows_with_different_settings_share_a_batch(loaded: checkpoint.LoadedMod
         GenerationConfig(do_sample=True, seed=5, top_p=0.9, temperature=0.7, max_new_tokens=20),
         GenerationConfig(repetition_penalty=1.5, no_repeat_ngram_size=2, min_new_tokens=3, max_new_tokens=20),
     ]
-    mixed = generate(loaded.model, sources, configs)
+    mixed = generate(loaded.net, sources, configs)
     for src, config, hyps in zip(sources, configs, mixed, strict=True):
-        assert [h.tokens for h in hyps] == [h.tokens for h in generate(loaded.model, [src], config)[0]]
+        assert [h.tokens for h in hyps] == [h.tokens for h in generate(loaded.net, [src], config)[0]]
 
 
 def test_length_limits_and_no_repeat_ngram(loaded: checkpoint.LoadedModel, sources: list[list[int]]) -> None:
-    short = generate(loaded.model, sources, GenerationConfig(max_new_tokens=3))
+    short = generate(loaded.net, sources, GenerationConfig(max_new_tokens=3))
     assert all(len(h[0].tokens) <= 3 for h in short)
     assert any(h[0].finish_reason == "length" for h in short)
-    long = generate(loaded.model, sources, GenerationConfig(min_new_tokens=15, max_new_tokens=20))
+    long = generate(loaded.net, sources, GenerationConfig(min_new_tokens=15, max_new_tokens=20))
     assert all(len(h[0].tokens) >= 15 for h in long)
-    for hyps in generate(loaded.model, sources, GenerationConfig(no_repeat_ngram_size=2, max_new_tokens=20)):
+    for hyps in generate(loaded.net, sources, GenerationConfig(no_repeat_ngram_size=2, max_new_tokens=20)):
         toks = hyps[0].tokens
         bigrams = list(zip(toks, toks[1:], strict=False))
         assert len(bigrams) == len(set(bigrams))
@@ -310,6 +309,20 @@ def test_bad_settings_raise_naming_the_field(field: str, value: object) -> None:
         GenerationConfig(**{field: value})  # type: ignore[arg-type]
 
 
+@pytest.mark.parametrize(
+    "field,value",
+    [("beam_size", "2"), ("beam_size", 2.0), ("beam_size", True), ("temperature", "1"), ("temperature", True),
+     ("do_sample", 1), ("seed", 1.5), ("seed", False), ("top_k", None)],
+)
+def test_settings_of_the_wrong_type_raise_naming_the_field(field: str, value: object) -> None:
+    with pytest.raises(ValueError, match=field):
+        GenerationConfig(**{field: value})  # type: ignore[arg-type]
+
+
+def test_float_settings_take_integers() -> None:
+    assert GenerationConfig(do_sample=True, temperature=2, top_p=1, length_penalty=0).temperature == 2
+
+
 def test_sampling_with_beams_and_unknown_settings_raise() -> None:
     with pytest.raises(ValueError, match="do_sample"):
         GenerationConfig(beam_size=4, do_sample=True)
@@ -320,11 +333,11 @@ def test_sampling_with_beams_and_unknown_settings_raise() -> None:
 
 
 def test_admission_refuses_what_does_not_fit(loaded: checkpoint.LoadedModel, sources: list[list[int]]) -> None:
-    batch = DecodeBatch(loaded.model, rows=2, max_src=8, max_tgt=8)
+    batch = DecodeBatch(loaded.net, rows=2, max_src=8, max_tgt=8)
     with pytest.raises(ValueError, match="rows"):
-        batch.admit([("x", sources[0], GenerationConfig(beam_size=3))])
+        batch.admit([((0, 0), sources[0], GenerationConfig(beam_size=3))])
     with pytest.raises(ValueError, match="source length"):
-        batch.admit([("x", list(range(4, 20)), GenerationConfig())])
+        batch.admit([((0, 0), list(range(4, 20)), GenerationConfig())])
     assert batch.free_rows == 2
 
 
@@ -333,7 +346,7 @@ def test_beam_scores_equal_teacher_forced_log_probs(loaded: checkpoint.LoadedMod
     model, cfg = loaded.model, loaded.model.cfg
     config = GenerationConfig(beam_size=4, num_hypotheses=4, length_penalty=0.0, max_new_tokens=20)
     checked = 0
-    for src, hyps in zip(sources, generate(model, sources, config), strict=True):
+    for src, hyps in zip(sources, generate(loaded.net, sources, config), strict=True):
         for h in hyps:
             targets = h.tokens + ([cfg.eos_id] if h.finish_reason == "eos" else [])
             with torch.no_grad():
@@ -343,3 +356,47 @@ def test_beam_scores_equal_teacher_forced_log_probs(loaded: checkpoint.LoadedMod
             assert h.score == pytest.approx(float(logp), abs=1e-3)
             checked += 1
     assert checked == 4 * len(sources)
+
+
+def test_admission_takes_the_head_of_the_queue_while_rows_and_budgets_allow() -> None:
+    queue = [(1, 10), (4, 10), (1, 10), (1, 10)]  # (beam_size, source tokens)
+    assert admissible(queue, 8) == 4
+    assert admissible(queue, 5) == 2
+    assert admissible(queue, 4) == 1  # the 4 beams wait, and the items behind them too: arrival order
+    assert admissible(queue, 0) == 0
+    assert admissible(queue, 8, max_tokens=25) == 2
+    assert admissible(queue, 8, max_tokens=5) == 1  # the first item is never refused by the budgets
+    assert admissible(queue, 8, max_items=3) == 3
+    assert admissible(queue, 8, max_items=0) == 1
+    assert admissible([], 8) == 0
+    assert admissible(iter(queue), 8) == 4
+
+
+def test_an_empty_batch_takes_one_item_beyond_the_row_limit_within_the_free_rows() -> None:
+    wide = [(4, 10), (1, 10)]
+    assert admissible(wide, 2) == 0  # a batch still decoding waits for rows to free
+    assert admissible(wide, 2, batch_empty=True) == 0  # no rows beyond free_rows are known to be free
+    assert admissible(wide, 2, batch_empty=True, total_free_rows=8) == 1  # only the first, alone
+    assert admissible(wide, 2, batch_empty=True, total_free_rows=3) == 0  # it must fit in the cache
+    assert admissible(wide, 2, batch_empty=False, total_free_rows=8) == 0
+
+
+def test_events_travel_as_plain_records() -> None:
+    import pickle
+
+    token, finish = TokenEvent(3, 1, 42, -0.5), FinishEvent(3, 1, [], "eos")
+    assert token.key == finish.key == (3, 1)
+    assert pickle.loads(pickle.dumps([token, finish])) == [token, finish]
+
+
+def test_step_goes_through_the_batch_forward(loaded: checkpoint.LoadedModel, sources: list[list[int]]) -> None:
+    """The server injects faults by replacing `forward` on a batch; the search must call it there."""
+    batch = DecodeBatch(loaded.net, rows=2, max_src=32, max_tgt=8)
+    batch.admit([((0, 0), sources[0], GenerationConfig(max_new_tokens=8))])
+
+    def fail() -> torch.Tensor:
+        raise RuntimeError("injected")
+
+    batch.forward = fail  # type: ignore[method-assign]
+    with pytest.raises(RuntimeError, match="injected"):
+        step(batch)

@@ -14,7 +14,7 @@ from fastapi.testclient import TestClient
 
 from model import checkpoint, marian
 from server.app import create_app
-from server.engine import ServedModel
+from server.registry import ServedModel
 from server.settings import Settings
 from tests.test_server_api import server_settings
 

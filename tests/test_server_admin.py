@@ -14,7 +14,7 @@ from model import checkpoint
 from model.checkpoint import LoadedModel
 from server.app import create_app
 from server.cli import build_parser, main
-from server.engine import NoModels, model_dirs, serving_dtype
+from server.registry import NoModels, model_dirs, serving_dtype
 from server.settings import Settings
 from tests.test_server_api import server_settings
 from tests.test_server_batching import offline

@@ -28,9 +28,8 @@ def parse_sse(body: str) -> list[tuple[str, Any]]:
 
 def server_settings(model_dir: Path, **changes: Any) -> Settings:
     """Settings for a test app: the tiny model on the CPU in float32 (its answers are compared with the engine's
-    own), small limits, nothing read from the environment, the scheduler as a thread (so that tests can look into
-    it; test_server_process.py covers the process)."""
-    changes = {"scheduler_process": False, **changes}
+    own), small limits, nothing read from the environment; the batcher in a child process, as users run it, unless
+    a test asks for it as a thread (`scheduler_process=False`) to look inside."""
     return Settings(_env_file=None, models=[model_dir], device="cpu", dtype="float32",  # type: ignore[call-arg]
                     max_text_chars=2000, max_texts=8, max_body_bytes=64 * 1024, **changes)
 

@@ -17,11 +17,19 @@ from fastapi import FastAPI
 from fastapi.testclient import TestClient
 
 from model.checkpoint import LoadedModel
+from model.decode import DecodeBatch
+from model.events import FinishEvent
 from model.search import generate
 from server.app import create_app
+from server.batcher import Batcher
 from server.errors import Overloaded, ShuttingDown
-from server.scheduler import Finished, Scheduler
-from server.translator import TextDone, Translation, make_plan
+from server.limits import source_limit
+from server.messages import Target
+from server.metrics import Metrics
+from server.plan import TextDone, Translation, make_plan
+from server.scheduler import Scheduler
+from server.settings import Settings
+from server.transport import ThreadTransport
 from tests.live import live_server
 from tests.test_server_api import metric, parse_sse, server_settings
 
@@ -30,31 +38,53 @@ LONG = {"q": "Open the file.", "target": "pt", "options": {"min_new_tokens": 40,
 
 @contextmanager
 def app_client(model_dir: Path, **settings: Any) -> Iterator[TestClient]:
-    with TestClient(create_app(server_settings(model_dir, **settings))) as client:
+    """A test app whose batcher is a thread of this process, so that the test can look inside it."""
+    with TestClient(create_app(server_settings(model_dir, **{"scheduler_process": False, **settings}))) as client:
         yield client
 
 
 def scheduler_of(client: TestClient) -> Scheduler:
-    scheduler: Scheduler = client.app.state.engine.models[0].scheduler  # type: ignore[attr-defined]
+    scheduler: Scheduler = client.app.state.registry.models[0].scheduler  # type: ignore[attr-defined]
     return scheduler
+
+
+def thread_scheduler(loaded: LoadedModel, settings: Settings, metrics: Metrics | None = None) -> Scheduler:
+    """A scheduler (not started) whose batcher is a thread of this process, on an already loaded model."""
+    return Scheduler(Target("tiny", loaded.path, "cpu", loaded.dtype), settings, metrics or Metrics(),
+                     source_limit(settings, loaded.model.cfg.max_positions), ThreadTransport(loaded))
+
+
+def batcher_of(scheduler: Scheduler) -> Batcher:
+    transport = scheduler.transport
+    assert isinstance(transport, ThreadTransport) and transport.batcher is not None
+    return transport.batcher
+
+
+def batch_of(scheduler: Scheduler) -> DecodeBatch | None:
+    return batcher_of(scheduler).batch
+
+
+def idle(scheduler: Scheduler) -> bool:
+    batch = batch_of(scheduler)
+    return batch is not None and batch.n == 0
 
 
 @contextmanager
 def slow_steps(scheduler: Scheduler, seconds: float) -> Iterator[None]:
     """Make each decode step last a little longer, so that a test can act while a request decodes."""
-    batch = scheduler.batch
+    batch = batch_of(scheduler)
     assert batch is not None
-    original = batch.step
+    original = batch.forward
 
-    def step() -> Any:
+    def forward() -> Any:
         time.sleep(seconds)
         return original()
 
-    batch.step = step  # type: ignore[method-assign]
+    batch.forward = forward  # type: ignore[method-assign]
     try:
         yield
     finally:
-        del batch.step
+        del batch.forward
 
 
 def wait_for(condition: Callable[[], bool], timeout: float = 10.0) -> None:
@@ -77,7 +107,7 @@ def client(tiny_model_dir: Path) -> Iterator[TestClient]:
 
 def offline(loaded: LoadedModel, text: str, **options: Any) -> str:
     """The engine alone: model.search.generate on this one sentence."""
-    (hyps,) = generate(loaded.model, [loaded.tokenizer.encode(text)], loaded.generation.update(**options))
+    (hyps,) = generate(loaded.net, [loaded.tokenizer.encode(text)], loaded.generation.update(**options))
     return loaded.tokenizer.decode(hyps[0].tokens)
 
 
@@ -114,20 +144,20 @@ def test_rows_join_mid_flight(client: TestClient, tiny_loaded: LoadedModel) -> N
     long_cfg = tiny_loaded.generation.update(min_new_tokens=40, max_new_tokens=40)
     short_cfg = tiny_loaded.generation.update(max_new_tokens=3)
 
-    async def scenario() -> tuple[list[int], bool, list[Finished]]:
+    async def scenario() -> tuple[list[int], bool, list[FinishEvent]]:
         long_job = scheduler.submit([long_src], [long_cfg], stream=True)
         events = long_job.events()
         await events.__anext__()  # the long sentence is decoding
         short = await scheduler.submit([short_src], [short_cfg]).results()
         long_still_running = not long_job.done
         rest = [e async for e in events]
-        return short[0].hypotheses[0].tokens, long_still_running, [e for e in rest if isinstance(e, Finished)]
+        return short[0].hypotheses[0].tokens, long_still_running, [e for e in rest if isinstance(e, FinishEvent)]
 
     with slow_steps(scheduler, 0.002):
         short_tokens, long_still_running, long_finished = client.portal.call(scenario)  # type: ignore[union-attr]
     assert long_still_running  # the short request joined, finished and left while the long one decoded
     assert len(long_finished[0].hypotheses[0].tokens) == 40
-    assert short_tokens == generate(tiny_loaded.model, [short_src], short_cfg)[0][0].tokens
+    assert short_tokens == generate(tiny_loaded.net, [short_src], short_cfg)[0][0].tokens
 
 
 def test_sse_disconnect_cancels_rows(client: TestClient) -> None:
@@ -138,7 +168,7 @@ def test_sse_disconnect_cancels_rows(client: TestClient) -> None:
             for line in r.iter_lines():
                 if line.startswith("event: token"):
                     break
-        wait_for(lambda: scheduler.batch is not None and scheduler.batch.n == 0)
+        wait_for(lambda: idle(scheduler))
         time.sleep(0.5)  # longer than the 40 steps would take: had it not been cancelled, it would have finished
     assert finished_sentences(client) == before
     assert metric(client, 'tolk_kv_cache_rows_used{model="tiny-en-pt"}') == 0
@@ -167,7 +197,7 @@ def test_json_disconnect_cancels_rows(client: TestClient) -> None:
                  "query_string": b"", "headers": [(b"content-type", b"application/json")], "http_version": "1.1",
                  "scheme": "http", "server": ("t", 80), "client": ("c", 1), "root_path": "", "state": {}}
         task = asyncio.ensure_future(app(scope, receive, send))
-        while scheduler.batch is None or scheduler.batch.n == 0:
+        while not (batch := batch_of(scheduler)) or batch.n == 0:
             await asyncio.sleep(0.002)
         gone.set()
         await task
@@ -176,7 +206,7 @@ def test_json_disconnect_cancels_rows(client: TestClient) -> None:
     before = finished_sentences(client)
     with slow_steps(scheduler, 0.01):
         sent = client.portal.call(post_then_leave)  # type: ignore[union-attr]
-        wait_for(lambda: scheduler.batch is not None and scheduler.batch.n == 0)
+        wait_for(lambda: idle(scheduler))
         time.sleep(0.5)
     assert sent[0]["status"] == 499
     assert finished_sentences(client) == before
@@ -188,13 +218,13 @@ def test_real_disconnects_cancel_rows(client: TestClient) -> None:
     with slow_steps(scheduler, 0.01), live_server(client.app, lifespan=False) as url:  # type: ignore[arg-type]
         with pytest.raises(httpx.ReadTimeout):
             httpx.post(f"{url}/translate", json=LONG, timeout=0.2)
-        wait_for(lambda: scheduler.batch is not None and scheduler.batch.n == 0)
+        wait_for(lambda: idle(scheduler))
         with httpx.stream("POST", f"{url}/translate/stream", json=LONG, timeout=5) as r:
             assert r.headers["x-accel-buffering"] == "no"
             for line in r.iter_lines():
                 if line.startswith("event: token"):
                     break
-        wait_for(lambda: scheduler.batch is not None and scheduler.batch.n == 0)
+        wait_for(lambda: idle(scheduler))
         time.sleep(0.5)
         r = httpx.post(f"{url}/translate", json={"q": "Disk full.", "target": "pt"}, timeout=5)
         assert r.status_code == 200
@@ -206,7 +236,7 @@ def test_full_queue_answers_429_and_loses_nothing(tiny_model_dir: Path) -> None:
         scheduler = scheduler_of(client)
         with slow_steps(scheduler, 0.01), ThreadPoolExecutor(2) as pool:
             first = pool.submit(client.post, "/translate", json=LONG)
-            wait_for(lambda: scheduler.batch is not None and scheduler.batch.n == 1)
+            wait_for(lambda: (batch := batch_of(scheduler)) is not None and batch.n == 1)
             second = pool.submit(client.post, "/translate", json={**LONG, "q": ["Disk full.", "Undo."]})
             wait_for(lambda: scheduler.queued == 2)
             r = client.post("/translate", json={"q": "Open.", "target": "pt"})
@@ -223,14 +253,14 @@ def test_late_requests_get_504(tiny_model_dir: Path) -> None:
         scheduler = scheduler_of(client)
         with slow_steps(scheduler, 0.02), ThreadPoolExecutor(2) as pool:
             running = pool.submit(client.post, "/translate", json=LONG)
-            wait_for(lambda: scheduler.batch is not None and scheduler.batch.n == 1)
+            wait_for(lambda: (batch := batch_of(scheduler)) is not None and batch.n == 1)
             waiting = client.post("/translate", json=LONG)  # never gets the row before its deadline
             assert (waiting.status_code, waiting.json()["error_type"]) == (504, "timeout")
             assert running.result().status_code == 504
             r = client.post("/translate/stream", json=LONG)
             assert r.status_code == 200 and parse_sse(r.text)[-1] == (
                 "error", {"error": "the request did not finish within 0.3 s", "error_type": "timeout"})
-        wait_for(lambda: scheduler.batch is not None and scheduler.batch.n == 0)
+        wait_for(lambda: idle(scheduler))
         assert client.post("/translate", json={"q": "Open.", "target": "pt"}).status_code == 200
 
 
@@ -245,23 +275,23 @@ def test_unbatched_server_decodes_one_sentence_at_a_time(tiny_model_dir: Path, t
 
 def test_engine_failure_is_a_500_and_the_server_recovers(client: TestClient) -> None:
     scheduler = scheduler_of(client)
-    batch = scheduler.batch
+    batch = batch_of(scheduler)
     assert batch is not None
 
     def broken() -> Any:
         raise RuntimeError("device lost")
 
-    batch.step = broken  # type: ignore[method-assign]
+    batch.forward = broken  # type: ignore[method-assign]
     r = client.post("/translate", json={"q": "Open the file.", "target": "pt"})
     assert (r.status_code, r.json()) == (500, {"error": "the engine failed while translating",
                                                "error_type": "engine_failure"})
-    wait_for(lambda: scheduler.batch is not batch)  # rebuilt after the failed jobs were told
+    wait_for(lambda: batch_of(scheduler) is not batch)  # rebuilt after the failed jobs were told
     assert client.post("/translate", json={"q": "Open the file.", "target": "pt"}).status_code == 200
 
 
 def test_failed_admission_is_a_500_not_a_hang(client: TestClient) -> None:
     scheduler = scheduler_of(client)
-    batch = scheduler.batch
+    batch = batch_of(scheduler)
     assert batch is not None
 
     def broken(items: Any) -> None:
@@ -270,15 +300,13 @@ def test_failed_admission_is_a_500_not_a_hang(client: TestClient) -> None:
     batch.admit = broken  # type: ignore[method-assign]
     r = client.post("/translate", json={"q": "Open the file.", "target": "pt"})
     assert (r.status_code, r.json()["error_type"]) == (500, "engine_failure")
-    wait_for(lambda: scheduler.batch is not batch)
+    wait_for(lambda: batch_of(scheduler) is not batch)
     assert scheduler.queued == 0
     assert client.post("/translate", json={"q": "Open the file.", "target": "pt"}).status_code == 200
 
 
 def test_shutdown_ends_every_request(tiny_loaded: LoadedModel, tiny_model_dir: Path) -> None:
-    from server.metrics import Metrics
-
-    scheduler = Scheduler("tiny", tiny_loaded.model, server_settings(tiny_model_dir, max_batch_rows=1), Metrics())
+    scheduler = thread_scheduler(tiny_loaded, server_settings(tiny_model_dir, max_batch_rows=1))
     scheduler.start()
     config = tiny_loaded.generation.update(min_new_tokens=40, max_new_tokens=40)
     plan = make_plan(["Open the file. Disk full."], tiny_loaded.tokenizer, False, 64)

@@ -18,13 +18,15 @@ import pytest
 from fastapi.testclient import TestClient
 
 from model.checkpoint import LoadedModel
+from model.events import FinishEvent, TokenEvent
 from model.generation import GenerationConfig
 from model.search import generate
 from server.app import create_app
 from server.errors import NotReady, Overloaded, ShuttingDown, TimedOut
+from server.messages import Target
 from server.metrics import Metrics
-from server.scheduler import Finished, Token
-from server.worker import ProcessScheduler, Target
+from server.scheduler import Scheduler
+from server.transport import ProcessTransport
 from tests.test_server_api import metric, server_settings
 from tests.test_server_batching import wait_for
 
@@ -33,10 +35,10 @@ TEXTS = ["Open the file.", "Save changes before closing.", "The file could not b
 LONG = {"min_new_tokens": 40, "max_new_tokens": 40}
 
 
-def process_scheduler(directory: Path, metrics: Metrics | None = None, **changes: object) -> ProcessScheduler:
+def process_scheduler(directory: Path, metrics: Metrics | None = None, **changes: object) -> Scheduler:
     settings = server_settings(directory, scheduler_process=True, **changes)
-    scheduler = ProcessScheduler(Target("tiny-en-pt", directory, "cpu", "float32"), settings, metrics or Metrics(),
-                                 settings.max_source_tokens)
+    scheduler = Scheduler(Target("tiny-en-pt", directory, "cpu", "float32"), settings, metrics or Metrics(),
+                          settings.max_source_tokens, ProcessTransport())
     scheduler.start()
     return scheduler
 
@@ -50,11 +52,12 @@ def app_client(tiny_model_dir: Path) -> Iterator[TestClient]:
 def test_the_app_serves_through_a_child_process(app_client: TestClient, tiny_loaded: LoadedModel) -> None:
     """Concurrent requests (batched together in the child) each get what the engine gives for that text alone;
     streamed pieces add up to the same translation."""
-    scheduler = app_client.app.state.engine.models[0].scheduler  # type: ignore[attr-defined]
-    assert isinstance(scheduler, ProcessScheduler) and scheduler._process is not None
-    assert scheduler._process.pid != os.getpid()
+    scheduler = app_client.app.state.registry.models[0].scheduler  # type: ignore[attr-defined]
+    transport = scheduler.transport
+    assert isinstance(transport, ProcessTransport) and transport.process is not None
+    assert transport.process.pid != os.getpid()
     config = tiny_loaded.generation
-    alone = {t: tiny_loaded.tokenizer.decode(generate(tiny_loaded.model, [tiny_loaded.tokenizer.encode(t)],
+    alone = {t: tiny_loaded.tokenizer.decode(generate(tiny_loaded.net, [tiny_loaded.tokenizer.encode(t)],
                                                       config)[0][0].tokens) for t in TEXTS}
 
     def ask(text: str) -> str:
@@ -82,10 +85,10 @@ def test_cancel_frees_the_rows_and_a_full_queue_is_refused(tiny_model_dir: Path,
     source = tiny_loaded.tokenizer.encode(TEXTS[0])
     long_config = tiny_loaded.generation.update(**LONG)
     try:
-        async def scenario() -> list[Finished]:
+        async def scenario() -> list[FinishEvent]:
             first = scheduler.submit([source], [long_config], stream=True)
             events = first.events()
-            assert isinstance(await anext(events), Token)  # decoding: the only row is taken
+            assert isinstance(await anext(events), TokenEvent)  # decoding: the only row is taken
             waiting = scheduler.submit([source, source], [tiny_loaded.generation] * 2)
             assert scheduler.queued == 2
             with pytest.raises(Overloaded):
@@ -95,7 +98,7 @@ def test_cancel_frees_the_rows_and_a_full_queue_is_refused(tiny_model_dir: Path,
 
         finished = asyncio.run(scenario())
         assert [f.hypotheses[0].tokens for f in finished] == [
-            generate(tiny_loaded.model, [source], tiny_loaded.generation)[0][0].tokens] * 2
+            generate(tiny_loaded.net, [source], tiny_loaded.generation)[0][0].tokens] * 2
         wait_for(lambda: rows._value.get() == 0 and scheduler.queued == 0)  # type: ignore[attr-defined]
     finally:
         scheduler.stop()
@@ -106,18 +109,18 @@ def test_a_killed_child_fails_its_requests_and_is_started_again(tiny_model_dir: 
     settings = server_settings(tiny_model_dir, scheduler_process=True, watchdog_interval=3600)
     body = {"q": "Open the file.", "target": "pt", "options": {"min_new_tokens": 200, "max_new_tokens": 200}}
     with TestClient(create_app(settings)) as client:
-        engine = client.app.state.engine  # type: ignore[attr-defined]
-        scheduler = engine.models[0].scheduler
+        registry = client.app.state.registry  # type: ignore[attr-defined]
+        scheduler = registry.models[0].scheduler
         with ThreadPoolExecutor(1) as pool:
             pending = pool.submit(client.post, "/translate", json=body)
             wait_for(lambda: metric(client, 'tolk_kv_cache_rows_used{model="tiny-en-pt"}') > 0)
-            os.kill(scheduler._process.pid, signal.SIGKILL)
+            os.kill(scheduler.transport.process.pid, signal.SIGKILL)
             r = pending.result(timeout=30)
         assert (r.status_code, r.json()["error_type"]) == (500, "engine_failure")
         wait_for(lambda: scheduler.dead)
         assert client.get("/ready").status_code == 503
         assert client.post("/translate", json=body).status_code == 503
-        assert engine.revive() == ["tiny-en-pt"]
+        assert registry.revive() == ["tiny-en-pt"]
         assert client.get("/ready").status_code == 200
         assert client.post("/translate", json={"q": "Disk full.", "target": "pt"}).status_code == 200
         assert metric(client, 'tolk_scheduler_restarts_total{model="tiny-en-pt"}') == 1
@@ -159,7 +162,7 @@ def test_timeouts_and_shutdown_reach_the_client(tiny_model_dir: Path, tiny_loade
 
 def test_a_child_that_cannot_load_says_why(tmp_path: Path, tiny_model_dir: Path) -> None:
     settings = server_settings(tiny_model_dir, scheduler_process=True)
-    scheduler = ProcessScheduler(Target("missing", tmp_path, "cpu", "float32"), settings, Metrics(), 64)
+    scheduler = Scheduler(Target("missing", tmp_path, "cpu", "float32"), settings, Metrics(), 64, ProcessTransport())
     with pytest.raises(RuntimeError, match="failed to start"):
         scheduler.start()
     assert not scheduler.running

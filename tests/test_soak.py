@@ -17,10 +17,11 @@ import httpx
 from prometheus_client.parser import text_string_to_metric_families
 
 from server.app import create_app
-from server.scheduler import Job, Scheduler
+from server.jobs import Job
+from server.scheduler import Scheduler
 from tests.live import live_server
 from tests.test_server_api import server_settings
-from tests.test_server_batching import wait_for
+from tests.test_server_batching import batcher_of, idle, wait_for
 
 CLIENTS = 48
 ROUNDS = 8
@@ -141,16 +142,18 @@ def live_jobs() -> int:
 
 
 def test_soak_loses_nothing_and_returns_to_baseline(tiny_model_dir: Path, figures: dict[str, object]) -> None:
-    app = create_app(server_settings(tiny_model_dir, max_batch_rows=8, max_queue=MAX_QUEUE, request_timeout=60))
+    app = create_app(server_settings(tiny_model_dir, max_batch_rows=8, max_queue=MAX_QUEUE, request_timeout=60,
+                                     scheduler_process=False))
     with live_server(app) as url:
-        scheduler: Scheduler = app.state.engine.models[0].scheduler
+        scheduler: Scheduler = app.state.registry.models[0].scheduler
+        batcher = batcher_of(scheduler)
         asyncio.run(soak(url, scheduler, CLIENTS))  # warm-up: allocators and pools grow to this load here
-        wait_for(lambda: scheduler.batch is not None and scheduler.batch.n == 0 and not scheduler._records)
+        wait_for(lambda: idle(scheduler) and not batcher._records)
         baseline, jobs_before, before = rss_bytes(), live_jobs(), metrics(url)
 
         outcomes, finals, peak_queue, seconds = asyncio.run(soak(url, scheduler, CLIENTS))
 
-        wait_for(lambda: scheduler.batch is not None and scheduler.batch.n == 0 and not scheduler._records)
+        wait_for(lambda: idle(scheduler) and not batcher._records)
         after = metrics(url)
         grown = rss_bytes() - baseline
         jobs_after = live_jobs()
@@ -166,7 +169,7 @@ def test_soak_loses_nothing_and_returns_to_baseline(tiny_model_dir: Path, figure
     assert set(by_outcome) == set(finals) | {"overloaded"}, by_outcome  # the burst did pass the queue bound
     assert peak_queue <= MAX_QUEUE
     # nothing left behind: rows, queue, gauges, job objects, memory
-    assert scheduler.queued == 0 and not scheduler._waiting
+    assert scheduler.queued == 0 and not batcher._waiting and not scheduler._jobs
     model = (("model", "tiny-en-pt"),)
     for gauge in ("tolk_requests_running", "tolk_requests_waiting", "tolk_kv_cache_rows_used"):
         assert after[(gauge, model)] == 0, gauge

@@ -57,13 +57,29 @@ def test_save_load_round_trip(tiny_loaded: checkpoint.LoadedModel, tmp_path: Pat
         assert torch.equal(a, b), name
     assert again.model.out_proj.weight is again.model.tgt_embed.weight  # tying survives the file format
     sources = [tiny_loaded.tokenizer.encode(t) for t in TEXTS]
-    assert greedy(again.model, sources, 16) == greedy(tiny_loaded.model, sources, 16)
+    assert greedy(again.net, sources, 16) == greedy(tiny_loaded.net, sources, 16)
+
+
+def test_meta_reads_everything_but_the_weights(tiny_model_dir: Path, tmp_path: Path) -> None:
+    for f in tiny_model_dir.iterdir():
+        if f.is_file():
+            (tmp_path / f.name).write_bytes(f.read_bytes())
+    (tmp_path / "model.safetensors").write_bytes(b"not weights")  # read_meta must not open them; load must
+    meta = checkpoint.read_meta(tmp_path)
+    loaded = checkpoint.load(tiny_model_dir, device="cpu")
+    assert (meta.cfg, meta.info, meta.generation) == (loaded.model.cfg, loaded.info, loaded.generation)
+    assert meta.tokenizer.encode(TEXTS[1]) == loaded.tokenizer.encode(TEXTS[1])
+    with pytest.raises(Exception):  # noqa: B017 (safetensors' own error type)
+        checkpoint.load(tmp_path, device="cpu")
+    (tmp_path / "model.safetensors").unlink()
+    with pytest.raises(FileNotFoundError, match="model.safetensors"):
+        checkpoint.read_meta(tmp_path)
 
 
 def test_load_in_other_dtype(tiny_model_dir: Path) -> None:
     loaded = checkpoint.load(tiny_model_dir, device="cpu", dtype="bfloat16")
     assert loaded.model.out_proj.weight.dtype == torch.bfloat16
-    assert greedy(loaded.model, [loaded.tokenizer.encode("Open the file.")], 8)
+    assert greedy(loaded.net, [loaded.tokenizer.encode("Open the file.")], 8)
 
 
 def test_load_refuses_bad_directories_and_options(tiny_model_dir: Path, tmp_path: Path) -> None:
@@ -84,7 +100,7 @@ def test_load_refuses_bad_directories_and_options(tiny_model_dir: Path, tmp_path
 def test_cuda_matches_cpu(tiny_model_dir: Path, tiny_loaded: checkpoint.LoadedModel) -> None:
     gpu = checkpoint.load(tiny_model_dir, device="cuda")
     sources = [tiny_loaded.tokenizer.encode(t) for t in TEXTS]
-    assert greedy(gpu.model, sources, 16) == greedy(tiny_loaded.model, sources, 16)
+    assert greedy(gpu.net, sources, 16) == greedy(tiny_loaded.net, sources, 16)
 
 
 def test_int8_logits_track_float32(tiny_model_dir: Path, tiny_loaded: checkpoint.LoadedModel) -> None:

@@ -20,10 +20,10 @@ async def health() -> dict[str, str]:
 @router.get("/ready", responses=error_responses(503))
 async def ready(request: Request) -> dict[str, object]:
     """200 once every model is loaded and its scheduler runs; 503 before, after, or if one stopped."""
-    engine = getattr(request.app.state, "engine", None)
-    if engine is None or not engine.ready:
+    registry = getattr(request.app.state, "registry", None)
+    if registry is None or not registry.ready:
         raise NotReady("models are not loaded or a scheduler is not running")
-    return {"status": "ready", "models": [m.name for m in engine.models]}
+    return {"status": "ready", "models": [m.name for m in registry.models]}
 
 
 @router.get("/metrics", response_class=Response, responses={

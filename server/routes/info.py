@@ -6,7 +6,7 @@ from typing import Any
 
 from fastapi import APIRouter
 
-from server.deps import EngineDep
+from server.deps import RegistryDep
 from server.schemas import Language, error_responses
 
 router = APIRouter(tags=["info"])
@@ -20,15 +20,15 @@ NAMES = {
 
 
 @router.get("/languages", response_model=list[Language], responses=error_responses(503))
-async def languages(engine: EngineDep) -> list[Language]:
+async def languages(registry: RegistryDep) -> list[Language]:
     """Each source language with the targets it can be translated into."""
     targets: dict[str, list[str]] = {}
-    for served in engine.models:
+    for served in registry.models:
         targets.setdefault(served.source, []).append(served.target)
     return [Language(code=code, name=NAMES.get(code, code), targets=sorted(t)) for code, t in sorted(targets.items())]
 
 
 @router.get("/models", responses=error_responses(503))
-async def models(engine: EngineDep) -> list[dict[str, Any]]:
+async def models(registry: RegistryDep) -> list[dict[str, Any]]:
     """The loaded models: languages, device, dtype, parameters, architecture, scheduler state."""
-    return [served.describe() for served in engine.models]
+    return [served.describe() for served in registry.models]

@@ -11,11 +11,12 @@ from typing import Annotated, Any, TypeVar
 from fastapi import APIRouter, Depends, Request
 from fastapi.sse import EventSourceResponse, ServerSentEvent
 
-from server.deps import EngineDep, MetricsDep, SettingsDep, TranslateRequestDep, check_api_key
-from server.engine import Engine, ServedModel
-from server.errors import ClientClosed, EmptyText, InvalidSettings, PayloadTooLarge, TolkError, error_body
+from server.deps import MetricsDep, RegistryDep, SettingsDep, TranslateRequestDep, check_api_key
+from server.errors import ClientClosed, EmptyText, PayloadTooLarge, TolkError, error_body
 from server.metrics import Metrics
+from server.plan import PieceEvent, TextResult, Translation
 from server.ratelimit import RateLimiter, client_identity
+from server.registry import Registry, ServedModel
 from server.schemas import (
     RETRY_AFTER,
     DetectedLanguage,
@@ -27,7 +28,6 @@ from server.schemas import (
 )
 from server.settings import Settings
 from server.text import check_text
-from server.translator import PieceEvent, TextResult, Translation
 
 router = APIRouter(tags=["translate"])
 T = TypeVar("T")
@@ -79,7 +79,7 @@ STREAM_ERRORS: dict[int | str, dict[str, Any]] = {
 }
 
 
-async def start(request: Request, req: TranslateRequest, engine: Engine, settings: Settings,
+async def start(request: Request, req: TranslateRequest, registry: Registry, settings: Settings,
                 stream: bool) -> tuple[ServedModel, Translation]:
     """Check the request and queue its sentences; every refusal happens here, before any answer starts."""
     key = check_api_key(request, settings, req.api_key)
@@ -93,9 +93,7 @@ async def start(request: Request, req: TranslateRequest, engine: Engine, setting
         raise PayloadTooLarge(f"{len(texts)} texts in one request; the limit is {settings.max_texts}")
     for i, text in enumerate(texts):
         check_text(text, i, settings.max_text_chars)
-    if req.alternatives > settings.max_alternatives:
-        raise InvalidSettings(f"alternatives must be at most {settings.max_alternatives}")
-    served = engine.find(req.source, req.target)
+    served = registry.find(req.source, req.target)
     translation = await served.translate(texts, req.format == "html", req.options.generation(),
                                          req.alternatives, stream)
     return served, translation
@@ -138,10 +136,10 @@ def _response(req: TranslateRequest, served: ServedModel, results: list[TextResu
 
 @router.post("/translate", response_model=TranslateResponse, response_model_exclude_none=True,
              openapi_extra={"requestBody": REQUEST_BODY}, responses=ERRORS)
-async def translate(request: Request, req: TranslateRequestDep, engine: EngineDep,
+async def translate(request: Request, req: TranslateRequestDep, registry: RegistryDep,
                     settings: SettingsDep) -> TranslateResponse:
     """Translate a text or a list of texts; long texts are split into sentences that are batched together."""
-    served, translation = await start(request, req, engine, settings, stream=False)
+    served, translation = await start(request, req, registry, settings, stream=False)
     try:
         results = await unless_disconnected(request, translation.results())
     finally:
@@ -149,10 +147,10 @@ async def translate(request: Request, req: TranslateRequestDep, engine: EngineDe
     return _response(req, served, results)
 
 
-async def stream_translation(request: Request, req: TranslateRequestDep, engine: EngineDep,
+async def stream_translation(request: Request, req: TranslateRequestDep, registry: RegistryDep,
                              settings: SettingsDep) -> AsyncIterator[Translation]:
     """Start a streamed translation before the response begins (so refusals keep their status); cancel after."""
-    _, translation = await start(request, req, engine, settings, stream=True)
+    _, translation = await start(request, req, registry, settings, stream=True)
     try:
         yield translation
     finally:

@@ -1,4 +1,8 @@
-"""The models a server serves: loading, one scheduler each, language pairs, and starting a translation."""
+"""The registry of served models: which directories, one scheduler each, finding a model by language pair.
+
+The server process reads only what it needs of a model directory (configuration, tokenizer, generation
+defaults: `model.checkpoint.read_meta`); the weights are loaded where the model's batcher runs.
+"""
 
 from __future__ import annotations
 
@@ -10,14 +14,16 @@ from typing import Any
 
 from starlette.concurrency import run_in_threadpool
 
-from model.checkpoint import LoadedModel, load, resolve_device
+from model.checkpoint import ModelMeta, read_meta, resolve_device
 from model.generation import GenerationConfig
-from server.errors import InvalidSettings, NotFound, NotReady, UnsupportedLanguage
+from server import limits
+from server.errors import NotFound, NotReady, UnsupportedLanguage
+from server.messages import Target
 from server.metrics import Metrics
-from server.scheduler import Scheduler, source_limit
+from server.plan import Translation, make_plan
+from server.scheduler import Scheduler
 from server.settings import Settings
-from server.translator import Translation, make_plan
-from server.worker import ProcessScheduler, Target
+from server.transport import ProcessTransport, ThreadTransport, Transport
 
 log = logging.getLogger(__name__)
 
@@ -49,57 +55,36 @@ def serving_dtype(settings: Settings) -> str:
     return "int8" if resolve_device(settings.device).type == "cpu" else "float32"
 
 
-def check_limits(config: GenerationConfig, settings: Settings) -> GenerationConfig:
-    """Refuse settings beyond what this server allows (on top of GenerationConfig's own checks)."""
-    if config.beam_size > min(settings.max_beam_size, settings.max_batch_rows):
-        raise InvalidSettings(f"beam_size must be at most {min(settings.max_beam_size, settings.max_batch_rows)}")
-    if config.max_new_tokens > settings.max_new_tokens:
-        raise InvalidSettings(f"max_new_tokens must be at most {settings.max_new_tokens}")
-    return config
-
-
-def generation_config(defaults: GenerationConfig, options: dict[str, Any], alternatives: int,
-                      settings: Settings) -> GenerationConfig:
-    """A request's settings: the model's defaults updated by its options; n-best when alternatives are asked."""
-    try:
-        config = defaults.update(**options)
-        if alternatives:
-            config = config.update(beam_size=max(config.beam_size, alternatives + 1),
-                                   num_hypotheses=alternatives + 1)
-    except ValueError as exc:
-        raise InvalidSettings(str(exc)) from exc
-    return check_limits(config, settings)
-
-
 @dataclass
 class ServedModel:
     name: str
-    loaded: LoadedModel  # in the server process: the tokenizer, defaults and description
-    scheduler: Scheduler | ProcessScheduler
+    meta: ModelMeta  # what the server process needs: configuration, tokenizer, languages
+    dtype: str
+    scheduler: Scheduler
     defaults: GenerationConfig  # replaced as a whole when an admin changes them
 
     @property
     def source(self) -> str:
-        return self.loaded.info.source_language
+        return self.meta.info.source_language
 
     @property
     def target(self) -> str:
-        return self.loaded.info.target_language
+        return self.meta.info.target_language
 
     def describe(self) -> dict[str, Any]:
-        model = self.loaded.model
+        ready = self.scheduler.ready
         return {
-            "name": self.name, "source": self.source, "target": self.target, "device": self.scheduler.device,
-            "dtype": self.loaded.dtype, "parameters": self.loaded.parameters, "config": model.cfg.to_dict(),
+            "name": self.name, "source": self.source, "target": self.target,
+            "device": ready.device if ready else self.scheduler.target.device, "dtype": self.dtype,
+            "parameters": ready.parameters if ready else None, "config": self.meta.cfg.to_dict(),
             "running": self.scheduler.running, "rows": self.scheduler.settings.max_batch_rows,
         }
 
     async def translate(self, texts: list[str], html: bool, options: dict[str, Any], alternatives: int,
                         stream: bool) -> Translation:
         """Plan the texts (in a worker thread: long documents), then queue all their sentences as one job."""
-        settings = self.scheduler.settings
-        config = generation_config(self.defaults, options, alternatives, settings)
-        tokenizer = self.loaded.tokenizer
+        config = limits.request_config(self.defaults, options, alternatives, self.scheduler.settings)
+        tokenizer = self.meta.tokenizer
         plan = await run_in_threadpool(make_plan, texts, tokenizer, html, self.scheduler.max_source_tokens)
         job = None
         if plan.sources:
@@ -107,7 +92,12 @@ class ServedModel:
         return Translation(plan, job, tokenizer, alternatives)
 
 
-class Engine:
+def new_transport(settings: Settings) -> Transport:
+    """A child process per model by default; a thread of the server process when scheduler_process is off."""
+    return ProcessTransport() if settings.scheduler_process else ThreadTransport()
+
+
+class Registry:
     """Every served model, found by name or by language pair."""
 
     def __init__(self, settings: Settings, metrics: Metrics) -> None:
@@ -119,39 +109,20 @@ class Engine:
         """Load every model and start its scheduler (blocking: called from the lifespan in a worker thread)."""
         s = self.settings
         for directory in model_dirs(s):
-            dtype = serving_dtype(s)
-            # with a scheduler process, the model that decodes lives there; this copy stays on the CPU
-            loaded = load(directory, device="cpu" if s.scheduler_process else s.device, dtype=dtype)
-            name = loaded.info.name
+            meta, dtype = read_meta(directory), serving_dtype(s)
+            name = meta.info.name
             if any(m.name == name for m in self.models):
                 raise NoModels(f"two model directories are named {name!r}")
-            defaults = self._clamp(loaded.generation)
-            scheduler: Scheduler | ProcessScheduler
-            if s.scheduler_process:
-                scheduler = ProcessScheduler(Target(name, directory, s.device, dtype), s, self.metrics,
-                                             source_limit(s, loaded.model.cfg.max_positions))
-            else:
-                scheduler = Scheduler(name, loaded.model, s, self.metrics)
+            scheduler = Scheduler(Target(name, directory, s.device, dtype), s, self.metrics,
+                                  limits.source_limit(s, meta.cfg.max_positions), new_transport(s))
             scheduler.start()
-            self.models.append(ServedModel(name, loaded, scheduler, defaults))
-            log.info("serving %s (%s -> %s) from %s on %s", name, loaded.info.source_language,
-                     loaded.info.target_language, directory, scheduler.device)
+            self.models.append(ServedModel(name, meta, dtype, scheduler, limits.clamp(meta.generation, s)))
+            log.info("serving %s (%s -> %s) from %s on %s", name, meta.info.source_language,
+                     meta.info.target_language, directory, scheduler.ready.device if scheduler.ready else "?")
 
     def stop(self) -> None:
         for served in self.models:
             served.scheduler.stop()
-
-    def _clamp(self, defaults: GenerationConfig) -> GenerationConfig:
-        s = self.settings
-        beam = min(defaults.beam_size, s.max_beam_size, s.max_batch_rows)
-        clamped = defaults.update(
-            beam_size=beam, num_hypotheses=min(defaults.num_hypotheses, beam),
-            max_new_tokens=min(defaults.max_new_tokens, s.max_new_tokens),
-            min_new_tokens=min(defaults.min_new_tokens, s.max_new_tokens),
-        )
-        if clamped != defaults:
-            log.warning("model defaults clamped to the server's limits: %s", clamped)
-        return clamped
 
     def revive(self) -> list[str]:
         """Restart every scheduler whose thread died (blocking: it allocates a new batch); their names."""

@@ -1,4 +1,4 @@
-"""From request texts to scheduled sentences and back: planning, assembling, and ordered streaming.
+"""A request's texts as sentences to translate, and their translations put back together (whole or streamed).
 
 A `Plan` turns each text into parts (literal strings, or the index of a sentence to translate) and the token ids
 of every sentence, so all sentences of all texts of a request go to the scheduler as one job: a long document is
@@ -12,10 +12,10 @@ from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass, field
 from html import escape
 
-from model.batch import Hypothesis
+from model.events import FinishEvent, Hypothesis, TokenEvent
 from model.tokenizer import IncrementalDetokenizer, Tokenizer
 from server.errors import ShuttingDown
-from server.scheduler import Finished, Job, Token
+from server.jobs import Job
 from server.text import Sentence, fit, split_html, split_text
 
 
@@ -195,14 +195,14 @@ class Translation:
 
     async def results(self) -> list[TextResult]:
         finished = await self.job.results() if self.job is not None else []
-        by_index = {f.index: f for f in finished}
+        by_index = {f.sentence: f for f in finished}
         return [self._result(t, by_index) for t in range(len(self.plan.texts))]
 
     async def stream(self) -> AsyncIterator[PieceEvent | TextDone]:
         """Pieces of text in reading order for each text, and a TextDone when a text is complete."""
         streams = [TextStream(self.plan, t, self.tokenizer) for t in range(len(self.plan.texts))]
         owner = {s: t for t, tp in enumerate(self.plan.texts) for s in tp.sentences}
-        finished: dict[int, Finished] = {}
+        finished: dict[int, FinishEvent] = {}
         for t, ts in enumerate(streams):
             for piece in ts.start():
                 yield PieceEvent(t, piece)
@@ -212,16 +212,16 @@ class Translation:
             return
         try:
             async for event in self.job.events():
-                t = owner[event.index]
+                t = owner[event.sentence]
                 ts = streams[t]
-                if isinstance(event, Token):
-                    pieces = ts.token(event.index, event.token, event.logprob)
+                if isinstance(event, TokenEvent):
+                    pieces = ts.token(event.sentence, event.token, event.logprob)
                 else:
-                    finished[event.index] = event
-                    pieces = ts.finish(event.index, event.hypotheses[0])
+                    finished[event.sentence] = event
+                    pieces = ts.finish(event.sentence, event.hypotheses[0])
                 for piece in pieces:
                     yield PieceEvent(t, piece)
-                if isinstance(event, Finished) and ts.done:
+                if isinstance(event, FinishEvent) and ts.done:
                     yield TextDone(t, self._result(t, finished, ts.text))
         except ShuttingDown:  # what was sent stands; the texts end as "cancelled"
             for t, ts in enumerate(streams):
@@ -230,7 +230,7 @@ class Translation:
                     yield TextDone(t, TextResult(ts.text, [], "cancelled", self.plan.input_tokens(t),
                                                  sum(ts.pushed[s] for s in sentences), []))
 
-    def _result(self, t: int, finished: Mapping[int, Finished], text: str | None = None) -> TextResult:
+    def _result(self, t: int, finished: Mapping[int, FinishEvent], text: str | None = None) -> TextResult:
         sentences = self.plan.texts[t].sentences
         nbest = {s: finished[s].hypotheses for s in sentences}
         decode = self.tokenizer.decode
@@ -243,7 +243,7 @@ class Translation:
         return TextResult(
             text=text,
             alternatives=alternatives,
-            finish_reason=finish_reason([finished[s].reason for s in sentences]),
+            finish_reason=finish_reason([finished[s].finish_reason for s in sentences]),
             input_tokens=self.plan.input_tokens(t),
             generated_tokens=sum(len(h[0].tokens) for h in nbest.values()),
             scores=[h[0].score for h in nbest.values()],

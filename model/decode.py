@@ -1,0 +1,213 @@
+"""The rows of a continuous batch and their KV cache: sequences join and leave between any two decoder steps.
+
+This is continuous batching for an encoder-decoder: `admit` encodes new sources in one padded batch and writes
+their cross-attention K/V into free cache rows; `forward` runs ONE decoder step for every active row, each at its
+own position with its own settings, and returns the processed logits; finished or cancelled sequences leave at
+once (`remove`, `cancel`) and their rows are reused. Choosing tokens (greedy, sampling, beam search) is
+`model.search`'s, which tells the batch what it chose (`record`) and how beams moved (`reorder`).
+"""
+
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass, field
+
+import torch
+from torch import Tensor
+
+from model import logits as lp
+from model.events import Hypothesis, SentenceKey
+from model.frozen import FrozenTransformer
+from model.generation import GenerationConfig
+
+
+@dataclass
+class Sequence:
+    """Host-side record of one source sentence being translated."""
+
+    key: SentenceKey
+    config: GenerationConfig
+    src_len: int
+    rows: list[int]  # cache rows; beam j lives in rows[j]
+    max_new: int
+    tokens: list[list[int]] = field(default_factory=list)  # per beam
+    scores: list[float] = field(default_factory=list)  # per beam, running sum of log-probs
+    hyps: list[Hypothesis] = field(default_factory=list)  # finished beams
+    n_gen: int = 0
+
+    @property
+    def beam(self) -> int:
+        return self.config.beam_size
+
+
+class RowState:
+    """Per-row tensors that travel with a row when it is reordered or packed."""
+
+    def __init__(self, rows: int, max_tgt: int, device: torch.device) -> None:
+        def long(*shape: int) -> Tensor:
+            return torch.zeros(*shape, dtype=torch.long, device=device)
+
+        self.last = long(rows)  # next decoder input
+        self.history = long(rows, max_tgt)  # generated tokens
+        self.n_gen = long(rows)
+        self.score = torch.zeros(rows, dtype=torch.float32, device=device)  # beam running log-prob
+        self.seed = long(rows)
+        self.min_new = long(rows)
+        self.top_k = long(rows)
+        self.top_p = torch.ones(rows, device=device)
+        self.temperature = torch.ones(rows, device=device)
+        self.penalty = torch.ones(rows, device=device)
+
+    def tensors(self) -> list[Tensor]:
+        return [self.last, self.history, self.n_gen, self.score, self.seed, self.min_new, self.top_k,
+                self.top_p, self.temperature, self.penalty]
+
+    def copy_rows(self, src: Tensor, dst: Tensor) -> None:
+        for t in self.tensors():
+            t[dst] = t[src]
+
+
+class DecodeBatch:
+    """Cache rows of a frozen network, the sequences that own them, and the decoder step they share."""
+
+    def __init__(self, net: FrozenTransformer, rows: int, max_src: int, max_tgt: int) -> None:
+        self.net = net
+        self.cfg = net.cfg
+        self.cache = net.new_cache(rows, max_src, max_tgt)
+        self.state = RowState(rows, self.cache.max_tgt, net.device)
+        self.owner: list[Sequence | None] = [None] * rows
+        self.seqs: dict[SentenceKey, Sequence] = {}
+        self.n = 0  # rows 0..n-1 are active
+        banned = {self.cfg.pad_id, self.cfg.decoder_start_id, self.cfg.bos_id} - {self.cfg.eos_id, -1}
+        self.banned = torch.tensor(sorted(banned), dtype=torch.long, device=net.device)
+
+    @property
+    def free_rows(self) -> int:
+        return self.cache.rows - self.n
+
+    def __len__(self) -> int:
+        return len(self.seqs)
+
+    @torch.inference_mode()
+    def admit(self, items: list[tuple[SentenceKey, list[int], GenerationConfig]]) -> None:
+        """Start decoding (key, source ids, settings) items; raises ValueError if they do not fit."""
+        need = sum(c.beam_size for _, _, c in items)
+        if need > self.free_rows:
+            raise ValueError(f"{need} rows needed, {self.free_rows} free")
+        if not items:
+            return
+        S = max(len(src) for _, src, _ in items)
+        if self.cache.max_src < S or min(len(src) for _, src, _ in items) == 0:
+            raise ValueError(f"source length must be between 1 and {self.cache.max_src} tokens")
+        device = self.net.device
+        src = torch.full((len(items), S), self.cfg.pad_id, dtype=torch.long, device=device)
+        for i, (_, ids, _) in enumerate(items):
+            src[i, : len(ids)] = torch.tensor(ids, dtype=torch.long)
+        memory, src_mask = self.net.encode(src)
+        cross = self.net.cross_kv(memory)  # (L, 2, items, H, S, Dh)
+        if any(c.beam_size > 1 for _, _, c in items):  # each beam has its own row
+            expand = torch.tensor([i for i, (_, _, c) in enumerate(items) for _ in range(c.beam_size)], device=device)
+            cross, src_mask = cross.index_select(2, expand), src_mask[expand]
+        start = self.n
+        self.cache.admit(start, cross, src_mask)
+        row = start
+        for key, ids, config in items:
+            if key in self.seqs:
+                raise ValueError(f"key {key!r} is already decoding")
+            rows = list(range(row, row + config.beam_size))
+            max_new = min(config.max_new_tokens, self.cache.max_tgt)
+            seq = Sequence(key, config, len(ids), rows, max_new, [[] for _ in rows], [0.0] * len(rows))
+            self._init_rows(seq)
+            self.seqs[key] = seq
+            for r in rows:
+                self.owner[r] = seq
+            row += config.beam_size
+        self.n = row
+
+    def _init_rows(self, seq: Sequence) -> None:
+        c, st, r = seq.config, self.state, slice(seq.rows[0], seq.rows[-1] + 1)
+        st.last[r] = self.cfg.decoder_start_id
+        st.n_gen[r] = 0
+        st.score[r] = -1e9  # only beam 0 expands at the first step, so beams do not start as copies
+        st.score[seq.rows[0]] = 0.0
+        st.seed[r] = c.seed if c.seed is not None else random.getrandbits(62)
+        st.min_new[r] = c.min_new_tokens
+        st.top_k[r] = c.top_k
+        st.top_p[r] = c.top_p
+        st.temperature[r] = c.temperature
+        st.penalty[r] = c.repetition_penalty
+
+    def cancel(self, key: SentenceKey) -> bool:
+        """Stop decoding a sequence and free its rows at once; False if it was not decoding."""
+        seq = self.seqs.get(key)
+        if seq is None:
+            return False
+        self.remove([seq])
+        return True
+
+    def remove(self, done: list[Sequence]) -> None:
+        """Free the rows of finished sequences and pack the active rows back into 0..n-1."""
+        freed = sorted(r for seq in done for r in seq.rows)
+        for seq in done:
+            del self.seqs[seq.key]
+            for r in seq.rows:
+                self.owner[r] = None
+        new_n = self.n - len(freed)
+        holes = [r for r in freed if r < new_n]
+        movers = [r for r in range(new_n, self.n) if self.owner[r] is not None]
+        if holes:
+            src = torch.tensor(movers, device=self.net.device)
+            dst = torch.tensor(holes, device=self.net.device)
+            self.cache.copy_rows(src, dst)
+            self.state.copy_rows(src, dst)
+            for s, d in zip(movers, holes, strict=True):
+                mover = self.owner[s]
+                if mover is None:
+                    raise RuntimeError("row table out of step with the cache")  # movers are owned rows
+                mover.rows[mover.rows.index(s)] = d
+                self.owner[d], self.owner[s] = mover, None
+        self.n = new_n
+        self.cache.set_active(new_n)
+
+    @torch.inference_mode()
+    def forward(self) -> Tensor:
+        """The decoder step of rows 0..n-1: their next-token logits (n, V) in float32, each row's settings applied."""
+        logits = self.net.decode_step(self.state.last[: self.n], self.cache).float()  # (n, V)
+        self._process(logits, list(self.seqs.values()))
+        return logits
+
+    def _process(self, logits: Tensor, seqs: list[Sequence]) -> None:
+        n, st = self.n, self.state
+        logits[:, self.banned] = lp.NEG_INF
+        configs = [s.config for s in seqs]
+        if any(c.min_new_tokens for c in configs):
+            lp.forbid_early_eos(logits, st.n_gen[:n], st.min_new[:n], self.cfg.eos_id)
+        if any(c.repetition_penalty != 1.0 for c in configs):
+            lp.repetition_penalty(logits, st.history[:n], st.n_gen[:n], st.penalty[:n])
+        for size in {c.no_repeat_ngram_size for c in configs} - {0}:
+            idx = torch.tensor([r for s in seqs if s.config.no_repeat_ngram_size == size for r in s.rows],
+                               device=logits.device)
+            sub = logits[idx]
+            lp.ban_repeated_ngrams(sub, st.history[idx], st.n_gen[idx], size)
+            logits[idx] = sub
+        if any(c.do_sample for c in configs):
+            idx = torch.tensor([r for s in seqs if s.config.do_sample for r in s.rows], device=logits.device)
+            sub = logits[idx] / st.temperature[idx, None]
+            if any(c.do_sample and (c.top_k or c.top_p < 1.0) for c in configs):
+                sub = lp.top_k_top_p(sub, st.top_k[idx], st.top_p[idx])
+            logits[idx] = sub
+
+    @torch.inference_mode()
+    def reorder(self, src: Tensor, dst: Tensor) -> None:
+        """Row dst[i] continues the beam of row src[i]: its self-attention cache and history (not cross K/V)."""
+        self.cache.copy_rows(src, dst, cross=False)  # a beam's rows share one source
+        self.state.history[dst] = self.state.history[src]
+
+    @torch.inference_mode()
+    def record(self, tokens: Tensor) -> None:
+        """Rows 0..n-1 took these tokens (n,): they join the history and are the next step's input."""
+        n, st = self.n, self.state
+        rows = torch.arange(n, device=tokens.device)
+        st.history[rows, st.n_gen[:n].clamp(max=st.history.shape[1] - 1)] = tokens
+        st.n_gen[:n] += 1
+        st.last[:n] = tokens

@@ -1,0 +1,363 @@
+"""Continuous batching: the one thread that owns a model's device.
+
+Commands (`Submit`, `Cancel`) enter through an inbox. The thread loops: take commands, fail requests past their
+deadline, admit waiting sentences while there are free cache rows and the admission's source tokens fit the budget
+(`model.search.admissible`), then run ONE decoder step for every active row (`model.search.step`). Finished
+sentences leave the batch at once, so their rows go to the next waiting sentence at the next step. What a turn
+produced (events, errors, metrics) goes up as one `Output` through `emit`; the thread knows nothing of event loops
+or processes, so the same code runs as a thread of the server or in a child process (server/transport.py).
+
+Faults: a step or admission that raises fails the requests it touched (500) and the thread goes on with a fresh
+batch. An out-of-memory error halves instead: an admission is retried with half the sentences, and a step drops its
+newest half of the rows back to the head of the queue (they are decoded again from the start; tokens already
+streamed are not sent twice) and lowers the row limit, which climbs back after `recover_steps` calm steps. If the
+thread itself dies, its requests fail (500) and it emits `Exited`, so the scheduler can start a fresh one.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import queue
+import threading
+import time
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import torch
+
+from model.decode import DecodeBatch
+from model.events import Event, TokenEvent
+from model.frozen import FrozenTransformer
+from model.search import admissible, step
+from server.errors import EngineFailure, ShuttingDown, TimedOut, TolkError
+from server.messages import Cancel, Command, Exited, Output, Stop, Submit
+from server.settings import Settings
+
+log = logging.getLogger(__name__)
+
+Emit = Callable[[Output | Exited], None]
+
+
+@dataclass
+class _Record:
+    """What the thread knows about a live request."""
+
+    submit: Submit
+    received: float
+    admitted: int = 0  # sentences 0..admitted-1 have been admitted (admission is in sentence order)
+    finished: int = 0
+    first_event: bool = False
+    last_token: dict[int, float] = field(default_factory=dict)
+    emitted: dict[int, int] = field(default_factory=dict)  # tokens sent, per sentence
+    skip: dict[int, int] = field(default_factory=dict)  # tokens of a sentence decoded again to drop, not resend
+
+
+@dataclass(frozen=True)
+class _Pending:
+    request: int
+    sentence: int
+    beam: int
+    tokens: int
+
+
+class Batcher:
+    """Owns one model's DecodeBatch and the thread that drives it; one instance runs one thread, once."""
+
+    def __init__(self, name: str, net: FrozenTransformer, settings: Settings, max_source_tokens: int,
+                 emit: Emit) -> None:
+        self.name = name
+        self.net = net
+        self.settings = settings
+        self.max_source_tokens = max_source_tokens
+        self.batch: DecodeBatch | None = None  # created and touched only by the thread
+        self.failure: BaseException | None = None
+        self.recover_steps = 256  # steps without a fault before the row limit and admission cap double again
+        self._emit = emit
+        self._inbox: queue.SimpleQueue[Command] = queue.SimpleQueue()
+        self._waiting: deque[_Pending] = deque()
+        self._records: dict[int, _Record] = {}
+        self._out = Output()
+        self._gauges: tuple[int, int] = (0, 0)  # (running, waiting) as last sent
+        self._left_sent = 0
+        self._stopping = threading.Event()
+        self._started = threading.Event()
+        self._thread = threading.Thread(target=self._run, name=f"tolk-batcher-{name}", daemon=True)
+        self._row_limit = settings.max_batch_rows  # lowered after an out-of-memory step
+        self._admit_cap = 0  # sentences per admission, 0 = no cap; set after an out-of-memory admission
+        self._calm_steps = 0
+
+    # --- any thread ---------------------------------------------------------------------------------------------
+
+    @property
+    def running(self) -> bool:
+        return self._started.is_set() and self._thread.is_alive() and not self._stopping.is_set()
+
+    @property
+    def alive(self) -> bool:
+        """The thread has not ended (it may be stopping)."""
+        return self._thread.is_alive()
+
+    def start(self, timeout: float = 300.0) -> int:
+        """Start the thread and wait until its cache is allocated; its size in bytes. Raises what went wrong."""
+        self._thread.start()
+        self._started.wait(timeout)
+        if self.failure is not None or self.batch is None:
+            raise RuntimeError(f"batcher of {self.name} failed to start: {self.failure}") from self.failure
+        return self.batch.cache.nbytes
+
+    def put(self, command: Command) -> None:
+        self._inbox.put(command)
+
+    def stop(self) -> None:
+        """Fail what is still queued or decoding (503) and join the thread."""
+        self._stopping.set()
+        self._inbox.put(Stop())
+        if self._thread.is_alive() and threading.current_thread() is not self._thread:
+            self._thread.join()
+
+    # --- the thread ---------------------------------------------------------------------------------------------
+
+    def _new_batch(self) -> DecodeBatch:
+        s = self.settings
+        batch = DecodeBatch(self.net, s.max_batch_rows, self.max_source_tokens, s.max_new_tokens)
+        self._out.stats.cache_bytes = batch.cache.nbytes
+        self._out.stats.rows_used = 0
+        self._out.stats.row_limit = self._row_limit
+        return batch
+
+    def _run(self) -> None:
+        try:
+            threads = self.settings.threads or (cpu_threads() if self.net.device.type == "cpu" else None)
+            if threads:
+                torch.set_num_threads(threads)
+            self.batch = batch = self._new_batch()
+        except Exception as exc:  # reported to start()
+            self.failure = exc
+            self._started.set()
+            return
+        self._started.set()
+        log.info("batcher of %s running: %d rows, %.1f MB of KV cache", self.name, batch.cache.rows,
+                 batch.cache.nbytes / 1e6)
+        try:
+            while not self._stopping.is_set():
+                self._receive(block=not self._waiting and not len(batch))
+                self._expire(time.monotonic())
+                try:
+                    if self._admit(batch):
+                        self._flush()  # the queue shrank: the scheduler's bound (429) should know before the step
+                    if len(batch):
+                        self._step(batch)
+                except Exception:
+                    log.exception("decode step of %s failed; failing the requests in the batch", self.name)
+                    for request in [r for r, rec in self._records.items() if rec.admitted]:
+                        self._close(request, EngineFailure("the engine failed while translating"), release=False)
+                    self.batch = batch = self._new_batch()
+                self._flush()
+        except BaseException as exc:  # the thread dies: its clients hear of it, and the scheduler restarts it
+            log.exception("batcher of %s died", self.name)
+            self.failure = exc
+            self._fail_remaining(EngineFailure("the engine failed while translating"))
+        finally:
+            self._fail_remaining(ShuttingDown("the server is shutting down"))
+            self._flush()
+            if not self._stopping.is_set():
+                self._emit(Exited(f"the batcher thread died: {self.failure!r}"))
+
+    def _flush(self) -> None:
+        """Send what this turn produced, if anything."""
+        running = sum(1 for rec in self._records.values() if rec.admitted)
+        gauges = (running, len(self._records) - running)
+        if gauges != self._gauges:
+            self._gauges = gauges
+            self._out.stats.running, self._out.stats.waiting = gauges
+        if self._out.events or self._out.stats or self._out.left != self._left_sent:
+            out, self._out = self._out, Output(left=self._out.left)
+            self._left_sent = out.left
+            self._emit(out)
+
+    def _fail_remaining(self, error: TolkError) -> None:
+        """Every request still queued, in the inbox or decoding ends with this error (at shutdown: 503)."""
+        self._receive(block=False)
+        for request in list(self._records):
+            self._close(request, error, release=False)
+
+    def _receive(self, block: bool) -> None:
+        """Take new commands; waits for one when there is nothing else to do."""
+        while True:
+            if block:
+                self._flush()  # about to idle: send what the last turns changed
+            try:
+                command = self._inbox.get(block=block)
+            except queue.Empty:
+                return
+            block = False
+            if isinstance(command, Submit):
+                self._records[command.request] = _Record(command, time.monotonic())
+                self._waiting.extend(_Pending(command.request, i, c.beam_size, len(src)) for i, (src, c) in
+                                     enumerate(zip(command.sources, command.configs, strict=True)))
+            elif isinstance(command, Cancel):
+                self._close(command.request, None)
+
+    def _expire(self, now: float) -> None:
+        for request in [r for r, rec in self._records.items() if now > rec.submit.deadline]:
+            self._close(request, TimedOut(f"the request did not finish within {self.settings.request_timeout:g} s"))
+
+    def _close(self, request: int, error: TolkError | None, release: bool = True) -> None:
+        """End a request early: free its rows (unless the batch is being rebuilt) and say why."""
+        rec = self._records.pop(request, None)
+        if rec is None:
+            return
+        if release and self.batch is not None:
+            for i in range(rec.admitted):
+                self.batch.cancel((request, i))
+            self._out.stats.rows_used = self.batch.n
+        self._waiting = deque(p for p in self._waiting if p.request != request)
+        self._out.left += len(rec.submit.sources) - rec.admitted
+        if error is not None:
+            self._out.events[request] = [error]
+
+    def _admit(self, batch: DecodeBatch) -> bool:
+        """Admit waiting sentences in arrival order while rows and the token budget allow; whether any joined."""
+        if not self.settings.batching and len(batch):
+            return False
+        count = admissible(
+            ((p.beam, p.tokens) for p in self._waiting), min(batch.free_rows, self._row_limit - batch.n),
+            max_tokens=self.settings.max_admit_tokens,
+            max_items=1 if not self.settings.batching else self._admit_cap or None,
+            batch_empty=not len(batch), total_free_rows=batch.free_rows)
+        items = [self._waiting.popleft() for _ in range(count)]
+        if not items:
+            return False
+        try:
+            batch.admit([((p.request, p.sentence), self._records[p.request].submit.sources[p.sentence],
+                          self._records[p.request].submit.configs[p.sentence]) for p in items])
+        except Exception as exc:  # these sentences left the queue without reaching the batch
+            if out_of_memory(exc):
+                self._admitting_out_of_memory(items)
+                return False
+            for request in {p.request for p in items}:
+                self._close(request, EngineFailure("the engine failed while translating"), release=False)
+            raise
+        now = time.monotonic()
+        for p in items:
+            rec = self._records[p.request]
+            if rec.admitted == 0:
+                self._out.stats.queue.append(now - rec.received)
+            if p.sentence >= rec.admitted:  # (a sentence decoded again was admitted and counted before)
+                self._out.left += 1
+                rec.admitted = p.sentence + 1
+        self._out.stats.input_tokens += sum(p.tokens for p in items)
+        self._out.stats.rows_used = batch.n
+        return True
+
+    def _admitting_out_of_memory(self, items: list[_Pending]) -> None:
+        """Retry with half of the sentences at the next turn; a single sentence that does not fit fails alone."""
+        self._admit_cap = len(items) // 2
+        self._calm_steps = 0
+        self._count_oom(f"admitting {len(items)} sentences")
+        if items[1:]:
+            self._waiting.extendleft(reversed(items))
+            return
+        self._close(items[0].request, EngineFailure("out of memory translating this sentence"))
+        self._admit_cap = 1
+
+    def _step(self, batch: DecodeBatch) -> None:
+        """One decoder step for all active rows; route its events to their requests."""
+        rows = batch.n
+        start = time.perf_counter()
+        try:
+            events = step(batch)
+        except Exception as exc:
+            if not out_of_memory(exc) or len(batch) < 2:
+                raise
+            self._halve(batch)
+            return
+        stats = self._out.stats
+        stats.step.append(time.perf_counter() - start)
+        stats.batch_rows.append(rows)
+        self._calm()
+        now = time.monotonic()
+        for event in events:
+            self._route(event, now)
+        stats.rows_used = batch.n
+
+    def _route(self, event: Event, now: float) -> None:
+        rec = self._records[event.request]
+        if not rec.first_event:
+            rec.first_event = True
+            self._out.stats.ttft.append(now - rec.received)
+        s = event.sentence
+        if isinstance(event, TokenEvent):
+            if rec.skip.get(s):  # decoded again after an out-of-memory step: the client has this one
+                rec.skip[s] -= 1
+                return
+            last = rec.last_token.get(s)
+            if last is not None:
+                self._out.stats.itl.append(now - last)
+            rec.last_token[s] = now
+            if rec.submit.stream:
+                self._out.events.setdefault(event.request, []).append(event)
+                rec.emitted[s] = rec.emitted.get(s, 0) + 1
+            return
+        best = event.hypotheses[0]
+        generated = self._out.stats.generated
+        generated[best.finish_reason] = generated.get(best.finish_reason, 0) + len(best.tokens)
+        self._out.events.setdefault(event.request, []).append(event)
+        rec.finished += 1
+        rec.last_token.pop(s, None)
+        if rec.finished == len(rec.submit.sources):
+            del self._records[event.request]
+
+    def _halve(self, batch: DecodeBatch) -> None:
+        """Out of memory in a step: the newest sentences leave until half the rows remain, and wait at the head
+        of the queue to be decoded again from the start; the row limit drops to what remains."""
+        keep, again = batch.n // 2, []
+        for key in reversed(list(batch.seqs)):
+            if batch.n <= keep or len(batch) == 1:
+                break
+            request, sentence = key
+            seq = batch.seqs[key]
+            batch.cancel(key)
+            rec = self._records[request]
+            rec.skip[sentence] = rec.emitted.get(sentence, 0)
+            rec.last_token.pop(sentence, None)
+            again.append(_Pending(request, sentence, seq.beam, seq.src_len))
+        self._waiting.extendleft(again)  # `again` is newest first: extendleft puts the oldest at the head
+        self._row_limit = max(1, batch.n)
+        self._calm_steps = 0
+        self._out.stats.rows_used = batch.n
+        self._count_oom(f"a step of {batch.n + sum(p.beam for p in again)} rows")
+
+    def _count_oom(self, what: str) -> None:
+        log.warning("out of memory in %s of %s; row limit now %d, admission cap %s", what, self.name,
+                    self._row_limit, self._admit_cap or "none")
+        self._out.stats.out_of_memory += 1
+        self._out.stats.row_limit = self._row_limit
+        if self.net.device.type == "cuda":
+            torch.cuda.empty_cache()
+
+    def _calm(self) -> None:
+        """A step went through: after enough of them, let the row limit and admission cap grow again."""
+        if self._row_limit == self.settings.max_batch_rows and not self._admit_cap:
+            return
+        self._calm_steps += 1
+        if self._calm_steps >= self.recover_steps:
+            self._calm_steps = 0
+            self._row_limit = min(self.settings.max_batch_rows, self._row_limit * 2)
+            self._admit_cap = 0 if self._admit_cap * 2 >= self.settings.max_batch_rows else self._admit_cap * 2
+            self._out.stats.row_limit = self._row_limit
+
+
+def cpu_threads() -> int:
+    """Every core this process may use but one: the event loop (HTTP, JSON, tokenizing, streaming) needs one, and a
+    decode thread that shares it stalls (measured on 2 cores: 138 sentences/s with 1 torch thread, 83 with 2)."""
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    return max(1, cores - 1)
+
+
+def out_of_memory(exc: BaseException) -> bool:
+    """A device (CUDA) or host allocation failure, as opposed to a bug."""
+    return isinstance(exc, torch.OutOfMemoryError) or (
+        isinstance(exc, RuntimeError) and "can't allocate memory" in str(exc))
