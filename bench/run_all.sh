@@ -23,3 +23,4 @@ set -x
 "$PYTHON" bench/scheduler_process.py
 "$PYTHON" bench/admission.py
 "$PYTHON" bench/one_row.py
+"$PYTHON" bench/int8_products.py
