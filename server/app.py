@@ -14,13 +14,14 @@ from fastapi.openapi.utils import get_openapi
 from pydantic import BaseModel
 from starlette.concurrency import run_in_threadpool
 
+from server.detect import LazyDetector
 from server.errors import DisconnectGuard, install_handlers
 from server.metrics import Metrics, MetricsMiddleware
 from server.ratelimit import RateLimiter
 from server.registry import Registry
-from server.routes import health, info, page, translate
+from server.routes import detect, frontend, health, info, page, translate
 from server.routes import settings as settings_routes
-from server.schemas import SettingsUpdate, TranslateRequest
+from server.schemas import DetectRequest, SettingsUpdate, TranslateRequest
 from server.settings import Settings
 
 log = logging.getLogger(__name__)
@@ -32,11 +33,12 @@ async def lifespan(app: FastAPI) -> AsyncIterator[None]:
     supervisor: asyncio.Task[None] | None = None
     try:
         await run_in_threadpool(registry.start)  # starting batchers blocks; the event loop stays free
+        app.state.detector = LazyDetector(registry.sources())  # its model loads when it is first needed
         app.state.registry = registry
         supervisor = asyncio.create_task(registry.supervise(app.state.settings.watchdog_interval))
         yield
     finally:
-        app.state.registry = None
+        app.state.registry = app.state.detector = None
         if supervisor is not None:
             supervisor.cancel()
         registry.stop()
@@ -68,15 +70,15 @@ def create_app(config: Settings | None = None) -> FastAPI:
                   description="Self-hosted machine translation, LibreTranslate-compatible, with streaming.")
     app.state.settings = config
     app.state.metrics = metrics = Metrics()
-    app.state.registry = None
+    app.state.registry = app.state.detector = None
     app.state.rate_limiter = RateLimiter(config.rate_limit, config.rate_limit_storage) if config.rate_limit else None
     install_handlers(app)
-    for module in (translate, info, settings_routes, health, page):
+    for module in (translate, detect, info, settings_routes, frontend, health, page):
         app.include_router(module.router)
     app.add_middleware(DisconnectGuard)
     app.add_middleware(MetricsMiddleware, metrics=metrics)
     if config.cors_origins:
         app.add_middleware(CORSMiddleware, allow_origins=config.cors_origins, allow_methods=["GET", "POST"],
                            allow_headers=["Authorization", "Content-Type"])
-    app.openapi = _openapi(app, (TranslateRequest, SettingsUpdate))  # type: ignore[method-assign]
+    app.openapi = _openapi(app, (TranslateRequest, DetectRequest, SettingsUpdate))  # type: ignore[method-assign]
     return app

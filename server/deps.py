@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import hmac
 import json
-from typing import Annotated, Any
+from typing import Annotated, Any, TypeVar
 from urllib.parse import parse_qsl
 
 from fastapi import Depends, Request
@@ -12,6 +12,7 @@ from pydantic import BaseModel, SecretStr, ValidationError
 from starlette.datastructures import FormData
 from starlette.formparsers import MultiPartException, MultiPartParser
 
+from server.detect import LazyDetector
 from server.errors import (
     Forbidden,
     InvalidEncoding,
@@ -23,9 +24,12 @@ from server.errors import (
     from_validation,
 )
 from server.metrics import Metrics
+from server.ratelimit import RateLimiter, client_identity
 from server.registry import Registry
-from server.schemas import GenerationOptions, TranslateRequest
+from server.schemas import DetectRequest, GenerationOptions, TranslateRequest
 from server.settings import Settings
+
+M = TypeVar("M", bound=BaseModel)
 
 
 async def get_settings(request: Request) -> Settings:
@@ -47,9 +51,17 @@ async def get_registry(request: Request) -> Registry:
     return registry
 
 
+async def get_detector(request: Request) -> LazyDetector:
+    detector: LazyDetector | None = getattr(request.app.state, "detector", None)
+    if detector is None:
+        raise NotReady("the server is starting")
+    return detector
+
+
 SettingsDep = Annotated[Settings, Depends(get_settings)]
 MetricsDep = Annotated[Metrics, Depends(get_metrics)]
 RegistryDep = Annotated[Registry, Depends(get_registry)]
+DetectorDep = Annotated[LazyDetector, Depends(get_detector)]
 
 
 async def read_body(request: Request, limit: int) -> bytes:
@@ -83,20 +95,21 @@ def validate_json(model: type[BaseModel], body: bytes) -> Any:
         raise from_validation(exc) from exc
 
 
-def _from_pairs(pairs: list[tuple[str, str]]) -> dict[str, Any]:
-    """Form or query fields as a request: repeated `q` makes a list; options as JSON or as flat fields."""
+def _from_pairs(pairs: list[tuple[str, str]], nested_options: bool = True) -> dict[str, Any]:
+    """Form or query fields as a request: repeated `q` makes a list; options as JSON or as flat fields (for a
+    request with `options`)."""
     data: dict[str, Any] = {}
     options: dict[str, Any] = {}
     qs = [v for k, v in pairs if k == "q"]
     if qs:
         data["q"] = qs[0] if len(qs) == 1 else qs
     for key, value in pairs:
-        if key == "options":
+        if key == "options" and nested_options:
             try:
                 options.update(json.loads(value))
             except (ValueError, TypeError) as exc:
                 raise InvalidJSON("options must be a JSON object") from exc
-        elif key in GenerationOptions.model_fields:
+        elif key in GenerationOptions.model_fields and nested_options:
             options[key] = value
         elif key != "q":
             data[key] = value
@@ -122,22 +135,33 @@ async def _form_pairs(request: Request, body: bytes) -> list[tuple[str, str]]:
         raise InvalidEncoding("form field is not valid UTF-8") from exc
 
 
-async def translate_request(request: Request, settings: SettingsDep) -> TranslateRequest:
-    """A TranslateRequest from a JSON body, a form body (urlencoded or multipart), or the query string (GET)."""
+async def parse_request(request: Request, model: type[M], settings: Settings) -> M:
+    """A request body from JSON, a form (urlencoded or multipart), or the query string (GET)."""
+    nested = "options" in model.model_fields
     if request.method == "GET":
-        data = _from_pairs(parse_qsl(request.url.query, keep_blank_values=True))
+        data = _from_pairs(parse_qsl(request.url.query, keep_blank_values=True), nested)
     else:
         body = await read_body(request, settings.max_body_bytes)
         content_type = request.headers.get("content-type", "application/json")
         if content_type.startswith(("application/x-www-form-urlencoded", "multipart/form-data")):
-            data = _from_pairs(await _form_pairs(request, body))
+            data = _from_pairs(await _form_pairs(request, body), nested)
         else:
-            parsed: TranslateRequest = validate_json(TranslateRequest, body)
+            parsed: M = validate_json(model, body)
             return parsed
     try:
-        return TranslateRequest.model_validate(data)
+        return model.model_validate(data)
     except ValidationError as exc:
         raise from_validation(exc) from exc
+
+
+async def translate_request(request: Request, settings: SettingsDep) -> TranslateRequest:
+    """A TranslateRequest from a JSON body, a form body (urlencoded or multipart), or the query string (GET)."""
+    return await parse_request(request, TranslateRequest, settings)
+
+
+async def detect_request(request: Request, settings: SettingsDep) -> DetectRequest:
+    """A DetectRequest from a JSON or form body."""
+    return await parse_request(request, DetectRequest, settings)
 
 
 def bearer(request: Request) -> str | None:
@@ -166,6 +190,14 @@ def check_api_key(request: Request, settings: Settings, body_key: str | None) ->
     return given
 
 
+def admit_client(request: Request, settings: Settings, body_key: str | None) -> None:
+    """What every translation and detection request passes first: its API key, then its client's rate limit."""
+    key = check_api_key(request, settings, body_key)
+    limiter: RateLimiter | None = request.app.state.rate_limiter
+    if limiter is not None:
+        limiter.hit(client_identity(request, key))
+
+
 async def require_admin(request: Request, settings: SettingsDep) -> None:
     """Changing the server at run time needs the admin key as a bearer token."""
     if settings.admin_key is None:
@@ -178,4 +210,5 @@ async def require_admin(request: Request, settings: SettingsDep) -> None:
 
 
 TranslateRequestDep = Annotated[TranslateRequest, Depends(translate_request)]
+DetectRequestDep = Annotated[DetectRequest, Depends(detect_request)]
 AdminDep = Annotated[None, Depends(require_admin)]

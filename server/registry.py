@@ -153,6 +153,16 @@ class Registry:
                 return served
         raise NotFound(f"no model named {name!r}")
 
+    def sources(self, target: str | None = None) -> list[str]:
+        """The languages that some model translates into `target` (into anything when None), sorted."""
+        if not self.models:
+            raise NotReady("no model is loaded yet")
+        found = sorted({m.source for m in self.models if target is None or m.target == target})
+        if not found:
+            pairs = ", ".join(f"{m.source} -> {m.target}" for m in self.models)
+            raise UnsupportedLanguage(f"no model translates into {target}; this server has {pairs}")
+        return found
+
     def find(self, source: str, target: str | None) -> ServedModel:
         """The model for a language pair; source 'auto' and a missing target pick the only candidate."""
         if not self.models:

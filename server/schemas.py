@@ -40,7 +40,8 @@ class TranslateRequest(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     q: str | list[str] = Field(description="a text or a list of texts", examples=["Open the file."])
-    source: str = Field(default="auto", description="language code or 'auto' (the only source the target has)",
+    source: str = Field(default="auto", description="language code, or 'auto': each text's language is detected "
+                        "among those with a model into the target",
                         examples=["en"])
     target: str | None = Field(default=None, description="language code", examples=["pt"])
     format: Literal["text", "html"] = "text"
@@ -53,8 +54,23 @@ class TranslateRequest(BaseModel):
         return [self.q] if isinstance(self.q, str) else self.q
 
 
+class DetectRequest(BaseModel):
+    """LibreTranslate's /detect request."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    q: str | list[str] = Field(description="a text, or a list of texts that get one ranking together",
+                               examples=["What language is this?"])
+    api_key: str | None = None
+
+    @property
+    def texts(self) -> list[str]:
+        return [self.q] if isinstance(self.q, str) else self.q
+
+
 class DetectedLanguage(BaseModel):
-    confidence: float
+    confidence: float = Field(ge=0, le=100, description="the probability of the language among the languages this "
+                              "server translates from, in percent")
     language: str
 
 
@@ -87,6 +103,29 @@ class SettingsUpdate(BaseModel):
 
     model: str | None = None
     defaults: GenerationOptions
+
+
+class LanguageChoice(BaseModel):
+    code: str
+    name: str
+
+
+class FrontendLanguages(BaseModel):
+    source: LanguageChoice
+    target: LanguageChoice
+
+
+class FrontendSettings(BaseModel):
+    """LibreTranslate's GET /frontend/settings: what its web page and clients read before they start."""
+
+    charLimit: int = Field(description="characters in one text (-1: no limit)")
+    frontendTimeout: int = Field(description="milliseconds a page waits after typing before it translates")
+    apiKeys: bool = Field(description="whether the server has API keys")
+    keyRequired: bool = Field(description="whether translating needs an API key")
+    suggestions: bool = Field(description="whether POST /suggest takes suggestions")
+    filesTranslation: bool = Field(description="whether POST /translate_file translates files")
+    supportedFilesFormat: list[str] = Field(description="file name extensions /translate_file takes")
+    language: FrontendLanguages = Field(description="the languages a page starts with")
 
 
 class ErrorBody(BaseModel):

@@ -31,11 +31,21 @@ class Sentence:
 Part = str | Sentence
 
 
-def check_text(text: str, index: int, max_chars: int) -> None:
+def check_texts(texts: list[str], max_texts: int, max_chars: int, verb: str = "translate") -> None:
+    """Refuse a request without texts or with too many, and each text that check_text refuses."""
+    if not texts:
+        raise EmptyText(f"q is empty; there is nothing to {verb}")
+    if len(texts) > max_texts:
+        raise PayloadTooLarge(f"{len(texts)} texts in one request; the limit is {max_texts}")
+    for i, text in enumerate(texts):
+        check_text(text, i, max_chars, verb)
+
+
+def check_text(text: str, index: int, max_chars: int, verb: str = "translate") -> None:
     """Refuse empty, whitespace-only, too long texts and texts with control characters."""
     where = f"q[{index}]"
     if not text.strip():
-        raise EmptyText(f"{where} is empty; there is nothing to translate")
+        raise EmptyText(f"{where} is empty; there is nothing to {verb}")
     if len(text) > max_chars:
         raise PayloadTooLarge(f"{where} has {len(text)} characters; the limit is {max_chars}")
     bad = _CONTROL.search(text)

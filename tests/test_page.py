@@ -25,6 +25,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from server.app import create_app
 from server.settings import Settings
 from tests.live import live_server
+from tests.test_detect import ES, renamed
 
 ROOT = Path(__file__).resolve().parents[1]
 STATIC = ROOT / "server" / "static"
@@ -218,6 +219,30 @@ def test_errors_are_explained(page: Any) -> None:
     page.click("#translate")
     page.wait_for_selector("#output[data-state=done]")
     assert page.is_hidden("[role=alert]"), "a successful translation clears the message"
+
+
+def test_detection_is_offered_and_the_detected_language_shown(browser: Any, tiny_model_dir: Path,
+                                                               tmp_path: Path) -> None:
+    """With two source languages the page offers detection, and says which language it found."""
+    dirs = [tiny_model_dir, renamed(tiny_model_dir, tmp_path / "es-pt", "es", "pt")]
+    config = settings(tiny_model_dir).model_copy(update={"models": dirs, "scheduler_process": False})
+    with live_server(create_app(config)) as url:
+        context = browser.new_context(viewport={"width": 1200, "height": 900}, locale="en-US")
+        tab = context.new_page()
+        tab.set_default_timeout(20_000)
+        tab.goto(url + "/")
+        tab.wait_for_selector("#translate:enabled")
+        assert tab.input_value("#source") == "auto"
+        assert tab.locator("#source option:checked").inner_text() == "Detect language"
+        assert tab.input_value("#target") == "pt" and tab.is_disabled("#swap")
+        tab.fill("#text", ES)
+        tab.click("#translate")
+        tab.wait_for_selector("#output[data-state=done]")
+        expected = _post(url + "/translate", {"q": ES, "source": "auto", "target": "pt"})
+        assert tab.input_value("#output") == expected["translatedText"]
+        confidence = round(expected["detectedLanguage"]["confidence"])
+        assert tab.inner_text("#stats").endswith(f" · detected Spanish ({confidence}%)")
+        context.close()
 
 
 def test_phone_sized_screenshot_is_not_blank(page: Any, tmp_path: Path) -> None:

@@ -11,12 +11,13 @@ from typing import Annotated, Any, TypeVar
 from fastapi import APIRouter, Depends, Request
 from fastapi.sse import EventSourceResponse, ServerSentEvent
 
-from server.deps import MetricsDep, RegistryDep, SettingsDep, TranslateRequestDep, check_api_key
-from server.errors import ClientClosed, EmptyText, PayloadTooLarge, TolkError, error_body
+from server.deps import DetectorDep, MetricsDep, RegistryDep, SettingsDep, TranslateRequestDep, admit_client
+from server.detect import Detection, LazyDetector
+from server.errors import ClientClosed, TolkError, error_body
 from server.metrics import Metrics
-from server.plan import PieceEvent, TextResult, Translation
-from server.ratelimit import RateLimiter, client_identity
-from server.registry import Registry, ServedModel
+from server.plan import PieceEvent, TextResult
+from server.registry import Registry
+from server.routing import RoutedTranslation, route
 from server.schemas import (
     RETRY_AFTER,
     DetectedLanguage,
@@ -27,7 +28,7 @@ from server.schemas import (
     error_responses,
 )
 from server.settings import Settings
-from server.text import check_text
+from server.text import check_texts
 
 router = APIRouter(tags=["translate"])
 T = TypeVar("T")
@@ -79,24 +80,15 @@ STREAM_ERRORS: dict[int | str, dict[str, Any]] = {
 }
 
 
-async def start(request: Request, req: TranslateRequest, registry: Registry, settings: Settings,
-                stream: bool) -> tuple[ServedModel, Translation]:
+async def start(request: Request, req: TranslateRequest, registry: Registry, detector: LazyDetector,
+                settings: Settings, stream: bool) -> RoutedTranslation:
     """Check the request and queue its sentences; every refusal happens here, before any answer starts."""
-    key = check_api_key(request, settings, req.api_key)
-    limiter: RateLimiter | None = request.app.state.rate_limiter
-    if limiter is not None:
-        limiter.hit(client_identity(request, key))
+    admit_client(request, settings, req.api_key)
     texts = req.texts
-    if not texts:
-        raise EmptyText("q is empty; there is nothing to translate")
-    if len(texts) > settings.max_texts:
-        raise PayloadTooLarge(f"{len(texts)} texts in one request; the limit is {settings.max_texts}")
-    for i, text in enumerate(texts):
-        check_text(text, i, settings.max_text_chars)
-    served = registry.find(req.source, req.target)
-    translation = await served.translate(texts, req.format == "html", req.options.generation(),
-                                         req.alternatives, stream)
-    return served, translation
+    check_texts(texts, settings.max_texts, settings.max_text_chars)
+    html = req.format == "html"
+    routing = await route(registry, detector, req.source, req.target, texts, html)
+    return await RoutedTranslation.start(routing, texts, html, req.options.generation(), req.alternatives, stream)
 
 
 async def _disconnected(request: Request) -> None:
@@ -119,14 +111,18 @@ async def unless_disconnected(request: Request, work: Awaitable[T]) -> T:
         watch.cancel()
 
 
-def _response(req: TranslateRequest, served: ServedModel, results: list[TextResult]) -> TranslateResponse:
+def _detected(d: Detection) -> DetectedLanguage:
+    return DetectedLanguage(confidence=d.confidence, language=d.language)
+
+
+def _response(req: TranslateRequest, detected: list[Detection] | None,
+              results: list[TextResult]) -> TranslateResponse:
     one = isinstance(req.q, str)
     response = TranslateResponse(translatedText=results[0].text if one else [r.text for r in results])
     if req.alternatives:
         response.alternatives = results[0].alternatives if one else [r.alternatives for r in results]
-    if req.source == "auto":  # no detection: auto means the source language of the only fitting model
-        detected = DetectedLanguage(confidence=0.0, language=served.source)
-        response.detectedLanguage = detected if one else [detected] * len(results)
+    if detected is not None:
+        response.detectedLanguage = _detected(detected[0]) if one else [_detected(d) for d in detected]
     if req.options.return_scores:
         details = [TextDetails(finish_reason=r.finish_reason, input_tokens=r.input_tokens,
                                generated_tokens=r.generated_tokens, scores=r.scores) for r in results]
@@ -136,32 +132,34 @@ def _response(req: TranslateRequest, served: ServedModel, results: list[TextResu
 
 @router.post("/translate", response_model=TranslateResponse, response_model_exclude_none=True,
              openapi_extra={"requestBody": REQUEST_BODY}, responses=ERRORS)
-async def translate(request: Request, req: TranslateRequestDep, registry: RegistryDep,
+async def translate(request: Request, req: TranslateRequestDep, registry: RegistryDep, detector: DetectorDep,
                     settings: SettingsDep) -> TranslateResponse:
     """Translate a text or a list of texts; long texts are split into sentences that are batched together."""
-    served, translation = await start(request, req, registry, settings, stream=False)
+    translation = await start(request, req, registry, detector, settings, stream=False)
     try:
         results = await unless_disconnected(request, translation.results())
     finally:
         translation.cancel()
-    return _response(req, served, results)
+    return _response(req, translation.detected, results)
 
 
 async def stream_translation(request: Request, req: TranslateRequestDep, registry: RegistryDep,
-                             settings: SettingsDep) -> AsyncIterator[Translation]:
+                             detector: DetectorDep, settings: SettingsDep) -> AsyncIterator[RoutedTranslation]:
     """Start a streamed translation before the response begins (so refusals keep their status); cancel after."""
-    _, translation = await start(request, req, registry, settings, stream=True)
+    translation = await start(request, req, registry, detector, settings, stream=True)
     try:
         yield translation
     finally:
         translation.cancel()
 
 
-StreamDep = Annotated[Translation, Depends(stream_translation)]
+StreamDep = Annotated[RoutedTranslation, Depends(stream_translation)]
 
 
-async def sse_events(translation: Translation, metrics: Metrics) -> AsyncIterator[ServerSentEvent]:
-    """`token` events with text pieces, a `done` event per text, or an `error` event."""
+async def sse_events(translation: RoutedTranslation, metrics: Metrics) -> AsyncIterator[ServerSentEvent]:
+    """`token` events with text pieces, a `done` event per text (with its detected language when the source was
+    auto), or an `error` event."""
+    detected = translation.detected
     # Data goes out pre-serialized (raw_data): FastAPI's generic encoder costs more per token than the rest of
     # the event's way to the socket. Every value here is a str, an int, or a finite float or None.
     try:
@@ -177,6 +175,7 @@ async def sse_events(translation: Translation, metrics: Metrics) -> AsyncIterato
                 "index": event.index, "translatedText": r.text, "finish_reason": r.finish_reason,
                 "generated_tokens": r.generated_tokens, "input_tokens": r.input_tokens,
                 **({"alternatives": r.alternatives} if translation.alternatives else {}),
+                **({"detectedLanguage": _detected(detected[event.index]).model_dump()} if detected else {}),
             }))
     except TolkError as exc:
         metrics.failures.labels(error_type=exc.error_type).inc()

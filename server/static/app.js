@@ -28,7 +28,10 @@ try {
   displayNames = new Intl.DisplayNames(["en"], { type: "language" });  // the page is in English
 } catch (_) { /* older browsers: codes are shown as they are */ }
 
+const AUTO = "auto";  // the source that the server detects, text by text
+
 function languageName(code) {
+  if (code === AUTO) return "Detect language";
   const known = state.languages.find((l) => l.code === code);
   if (known && known.name !== code) return known.name;
   try { return (displayNames && displayNames.of(code)) || code; } catch (_) { return code; }
@@ -120,19 +123,25 @@ function options(select, codes, chosen) {
   if (codes.includes(chosen)) select.value = chosen;
 }
 
+// Detection is offered when there is something to tell apart: more than one source language.
 function fillSources(source, target) {
-  options(el.source, state.languages.map((l) => l.code), source);
+  const codes = state.languages.map((l) => l.code);
+  options(el.source, codes.length > 1 ? [AUTO, ...codes] : codes, source);
   fillTargets(target);
 }
 
 function fillTargets(target) {
-  const source = state.languages.find((l) => l.code === el.source.value);
-  options(el.target, source ? source.targets : [], target);
+  const targets = el.source.value === AUTO
+    ? [...new Set(state.languages.flatMap((l) => l.targets))].sort()
+    : (state.languages.find((l) => l.code === el.source.value) || { targets: [] }).targets;
+  options(el.target, targets, target);
   pairChanged();
 }
 
+// With detection, the model is known only once the text is: the first one into the target stands in for it.
 function currentModel() {
-  return state.models.find((m) => m.source === el.source.value && m.target === el.target.value);
+  return state.models.find((m) => (el.source.value === AUTO || m.source === el.source.value)
+    && m.target === el.target.value);
 }
 
 function pairChanged() {
@@ -142,7 +151,8 @@ function pairChanged() {
   const reversible = Boolean(back && back.targets.includes(el.source.value));
   el.swap.disabled = !reversible;
   el.swap.title = reversible ? "Swap languages"
-    : `No model translates ${languageName(el.target.value)} to ${languageName(el.source.value)}`;
+    : el.source.value === AUTO ? "Choose the source language to swap"
+      : `No model translates ${languageName(el.target.value)} to ${languageName(el.source.value)}`;
   resetSettings();
 }
 
@@ -307,7 +317,9 @@ async function translate() {
     if (!finished) throw new Error("the stream ended early");
     const seconds = (performance.now() - started) / 1000;
     setOutput(el.output.value, "done");
-    el.stats.textContent = `${finished.generated_tokens} tokens in ${seconds.toFixed(1)} s`;
+    const detected = finished.detectedLanguage;
+    el.stats.textContent = `${finished.generated_tokens} tokens in ${seconds.toFixed(1)} s`
+      + (detected ? ` · detected ${languageName(detected.language)} (${Math.round(detected.confidence)}%)` : "");
     say(finished.finish_reason === "length"
       ? "Done, but the translation was cut at the length limit (Most new tokens in Generation settings)."
       : finished.finish_reason === "cancelled" ? "The server stopped before the translation was finished."

@@ -1,0 +1,141 @@
+"""Which model translates each text of a request, and the translations put back in the request's order.
+
+A named source language sends every text to the one model for the pair. `auto` detects each text's language among
+the languages that have a model into the target (`server/detect.py`), so one request may go to several models:
+each model gets one job with its texts, and the answers, whole or streamed, come back by the request's indices.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from typing import Any
+
+from starlette.concurrency import run_in_threadpool
+
+from server.detect import MAX_CHARS, Detection, LazyDetector
+from server.plan import PieceEvent, TextDone, TextResult, Translation
+from server.registry import Registry, ServedModel
+from server.text import split_html
+
+# Detecting up to this many characters in all stays on the event loop (well under a millisecond); more goes to a
+# worker thread.
+INLINE_CHARS = 4000
+
+Event = PieceEvent | TextDone
+
+
+@dataclass
+class Route:
+    served: ServedModel
+    indices: list[int]  # the positions of its texts in the request
+
+
+@dataclass
+class Routing:
+    routes: list[Route]
+    detected: list[Detection] | None  # each text's language, when the request's source was auto
+
+
+def visible_text(text: str, html: bool) -> str:
+    """What detection reads: the text, or for HTML its text nodes (tag names would all look English)."""
+    return " ".join(part for is_text, part in split_html(text) if is_text) if html else text
+
+
+async def route(registry: Registry, detector: LazyDetector, source: str, target: str | None, texts: list[str],
+                html: bool) -> Routing:
+    """The model of each text: the pair's model, or with source `auto` the model of each text's detected language."""
+    if source != "auto":
+        return Routing([Route(registry.find(source, target), list(range(len(texts))))], None)
+    candidates = registry.sources(target)
+    found = await detector.get()
+    samples = [visible_text(text, html)[:MAX_CHARS] for text in texts]
+
+    def detect() -> list[Detection]:
+        return [found.best(sample, candidates) for sample in samples]
+
+    detected = detect() if sum(map(len, samples)) <= INLINE_CHARS else await run_in_threadpool(detect)
+    groups: dict[str, list[int]] = {}
+    for i, d in enumerate(detected):
+        groups.setdefault(d.language, []).append(i)
+    return Routing([Route(registry.find(language, target), indices) for language, indices in groups.items()],
+                   detected)
+
+
+class RoutedTranslation:
+    """The translations of a request's routes, answered in the request's order (whole, or as one stream)."""
+
+    def __init__(self, parts: list[tuple[list[int], Translation]], detected: list[Detection] | None,
+                 alternatives: int) -> None:
+        self.parts = parts  # (the request's indices of its texts, their translation) per route
+        self.detected = detected
+        self.alternatives = alternatives
+
+    @classmethod
+    async def start(cls, routing: Routing, texts: list[str], html: bool, options: dict[str, Any],
+                    alternatives: int, stream: bool) -> RoutedTranslation:
+        """Queue each route's texts with its model; if one refuses (429, bad settings), the others are cancelled."""
+        parts: list[tuple[list[int], Translation]] = []
+        try:
+            for r in routing.routes:
+                translation = await r.served.translate([texts[i] for i in r.indices], html, options, alternatives,
+                                                       stream)
+                parts.append((r.indices, translation))
+        except BaseException:
+            for _, translation in parts:
+                translation.cancel()
+            raise
+        return cls(parts, routing.detected, alternatives)
+
+    def cancel(self) -> None:
+        for _, translation in self.parts:
+            translation.cancel()
+
+    async def results(self) -> list[TextResult]:
+        if len(self.parts) == 1:
+            return await self.parts[0][1].results()
+        tasks = [asyncio.ensure_future(translation.results()) for _, translation in self.parts]
+        try:
+            answers = await asyncio.gather(*tasks)
+        finally:  # one route failed (or the client left): the others need not be waited for
+            for task in tasks:
+                task.cancel()
+        by_index = {i: r for (indices, _), results in zip(self.parts, answers, strict=True)
+                    for i, r in zip(indices, results, strict=True)}
+        return [by_index[i] for i in range(len(by_index))]
+
+    def stream(self) -> AsyncIterator[Event]:
+        """Each text's pieces in reading order and its TextDone, with the request's indices."""
+        if len(self.parts) == 1:  # one route holds every text, in the request's order
+            return self.parts[0][1].stream()
+        return self._merged()
+
+    async def _merged(self) -> AsyncIterator[Event]:
+        queue: asyncio.Queue[tuple[int, Event | Exception | None]] = asyncio.Queue()
+        tasks = [asyncio.create_task(_pump(k, translation, queue)) for k, (_, translation) in enumerate(self.parts)]
+        try:
+            running = len(tasks)
+            while running:
+                k, item = await queue.get()
+                if item is None:
+                    running -= 1
+                elif isinstance(item, Exception):
+                    raise item
+                else:
+                    yield dataclasses.replace(item, index=self.parts[k][0][item.index])
+        finally:
+            for task in tasks:
+                task.cancel()
+
+
+async def _pump(k: int, translation: Translation, queue: asyncio.Queue[tuple[int, Event | Exception | None]]) -> None:
+    """Route k's events into the merged queue, then None (or the error that ended it)."""
+    try:
+        async for event in translation.stream():
+            queue.put_nowait((k, event))
+    except Exception as exc:  # handed to the reader, which raises it where a single stream would have
+        queue.put_nowait((k, exc))
+    else:
+        queue.put_nowait((k, None))
