@@ -103,8 +103,7 @@ class DecodeBatch:
         src = torch.full((len(items), S), self.cfg.pad_id, dtype=torch.long, device=device)
         for i, (_, ids, _) in enumerate(items):
             src[i, : len(ids)] = torch.tensor(ids, dtype=torch.long)
-        memory, src_mask = self.net.encode(src)
-        cross = self.net.cross_kv(memory)  # (L, 2, items, H, S, Dh)
+        cross, src_mask = self.net.encode_cross(src)  # (L, 2, items, H, S, Dh)
         if any(c.beam_size > 1 for _, _, c in items):  # each beam has its own row
             expand = torch.tensor([i for i, (_, _, c) in enumerate(items) for _ in range(c.beam_size)], device=device)
             cross, src_mask = cross.index_select(2, expand), src_mask[expand]

@@ -157,6 +157,28 @@ def attention_projections(attn: Attention, prepack: bool) -> tuple[Projection, P
                                                                                              prepack=prepack)
 
 
+class Packing:
+    """Where the real tokens of a right-padded batch (B, S) sit, so the encoder's products skip the padding.
+
+    Every product and norm of an encoder layer works token by token, so it runs on the real tokens alone, packed
+    into (N, D); only attention needs the (B, S) layout. On sentences of mixed lengths padding is most of a batch
+    (3.8 times the real tokens for 64 sentences of a test split taken in order), and it was most of the encoder's time.
+    """
+
+    def __init__(self, mask: Tensor) -> None:
+        self.B, self.S = mask.shape
+        self.index = mask.flatten().nonzero()[:, 0]  # (N,) positions of real tokens in the flattened batch
+        self.attn_mask = mask[:, None, None, :]  # (B, 1, 1, S) True = real token
+
+    def pad(self, x: Tensor) -> Tensor:
+        """(N, F) real tokens -> (B, S, F), zeros at padding."""
+        return x.new_zeros(self.B * self.S, x.shape[-1]).index_copy_(0, self.index, x).view(self.B, self.S, -1)
+
+    def pack(self, x: Tensor) -> Tensor:
+        """(B, S, F) -> (N, F) real tokens."""
+        return x.reshape(self.B * self.S, -1).index_select(0, self.index)
+
+
 class FrozenEncoderLayer:
     def __init__(self, layer: EncoderLayer, n_heads: int, prepack: bool) -> None:
         self.H = n_heads
@@ -165,11 +187,15 @@ class FrozenEncoderLayer:
         self.fc2 = Projection([layer.ff.fc2], prepack=prepack)
         self.norms = Norms([layer.self_res.norm, layer.ff_res.norm], layer.self_res.pre_norm)
 
-    def __call__(self, x: Tensor, mask: Tensor | None) -> Tensor:
-        """x (B, S, D), mask (B, 1, 1, S) True = real token, None when no source is padded."""
-        B, S, D = x.shape
-        q, k, v = self.qkv(self.norms.inp(x, 0)).view(B, S, 3, self.H, -1).permute(2, 0, 3, 1, 4)  # (B, H, S, Dh)
-        a = F.scaled_dot_product_attention(q, k, v, attn_mask=mask).transpose(1, 2).reshape(B, S, D)
+    def __call__(self, x: Tensor, B: int, S: int, packing: Packing | None) -> Tensor:
+        """x (N, D): the real tokens of B sources of up to S tokens; packing None when no source is padded."""
+        N, D = x.shape
+        qkv = self.qkv(self.norms.inp(x, 0))  # (N, 3D)
+        qkv = packing.pad(qkv) if packing is not None else qkv.view(B, S, -1)
+        q, k, v = qkv.view(B, S, 3, self.H, -1).permute(2, 0, 3, 1, 4)  # (B, H, S, Dh)
+        mask = packing.attn_mask if packing is not None else None
+        a = F.scaled_dot_product_attention(q, k, v, attn_mask=mask).transpose(1, 2)  # (B, S, H, Dh)
+        a = packing.pack(a) if packing is not None else a.reshape(N, D)
         x = self.norms.out(self.o(a, residual=x), 0)
         return self.norms.out(self.fc2(self.fc1(self.norms.inp(x, 1)), residual=x), 1)
 
@@ -238,21 +264,41 @@ class FrozenTransformer:
     def embed(self, table: Tensor, ids: Tensor, positions: Tensor) -> Tensor:
         return F.embedding(ids, table) * self.scale + positions
 
+    def encode_packed(self, src: Tensor) -> tuple[Tensor, Tensor, Packing | None]:
+        """src (B, S) padded with pad_id -> the encoder's output at real tokens (N, D), source mask (B, S), packing."""
+        B, S = src.shape
+        src_mask = src != self.cfg.pad_id
+        packing = None if bool(src_mask.all()) else Packing(src_mask)
+        x = self.embed(self.src_table, src, self.positions[:S]).view(B * S, -1)
+        x = packing.pack(x) if packing is not None else x  # (N, D)
+        for layer in self.encoder:
+            x = layer(x, B, S, packing)
+        return (self.final.norm(x, 0) if self.final else x), src_mask, packing
+
     def encode(self, src: Tensor) -> tuple[Tensor, Tensor]:
         """src (B, S) padded with pad_id -> memory (B, S, D) and source mask (B, S), True = real token."""
-        src_mask = src != self.cfg.pad_id
-        x = self.embed(self.src_table, src, self.positions[: src.shape[1]])
-        attn_mask = None if bool(src_mask.all()) else src_mask[:, None, None, :]  # (B, 1, 1, S)
-        for layer in self.encoder:
-            x = layer(x, attn_mask)
-        return (self.final.norm(x, 0) if self.final else x), src_mask
+        B, S = src.shape
+        x, src_mask, packing = self.encode_packed(src)
+        return (packing.pad(x) if packing is not None else x.view(B, S, -1)), src_mask
 
     def cross_kv(self, memory: Tensor) -> Tensor:
         """Cross-attention K/V of every decoder layer, computed once per source: (L, 2, B, H, S, Dh)."""
         B, S, _ = memory.shape
+        return self._cross_layout(self.cross_kv_proj(memory), B, S)
+
+    def encode_cross(self, src: Tensor) -> tuple[Tensor, Tensor]:
+        """src (B, S) -> every decoder layer's cross-attention K/V (L, 2, B, H, S, Dh) and the source mask (B, S).
+
+        `cross_kv(encode(src))` without computing anything at padding.
+        """
+        B, S = src.shape
+        x, src_mask, packing = self.encode_packed(src)
+        kv = self.cross_kv_proj(x)  # (N, L*2*D)
+        return self._cross_layout(packing.pad(kv) if packing is not None else kv, B, S), src_mask
+
+    def _cross_layout(self, kv: Tensor, B: int, S: int) -> Tensor:
         cfg = self.cfg
-        kv = self.cross_kv_proj(memory).view(B, S, cfg.decoder_layers, 2, cfg.n_heads, cfg.head_dim)
-        return kv.permute(2, 3, 0, 4, 1, 5)
+        return kv.view(B, S, cfg.decoder_layers, 2, cfg.n_heads, cfg.head_dim).permute(2, 3, 0, 4, 1, 5)
 
     def new_cache(self, rows: int, max_src: int, max_tgt: int) -> KVCache:
         cfg = self.cfg

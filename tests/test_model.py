@@ -118,6 +118,27 @@ def test_attention_of_one_query_equals_sdpa(rows: int) -> None:
         torch.testing.assert_close(attend_one(q, k, v, m), F.scaled_dot_product_attention(q, k, v, attn_mask=m))
 
 
+@pytest.mark.parametrize("prepack", [True, False])
+@pytest.mark.parametrize("norm", ["pre", "post"])
+def test_packed_encoder_equals_each_source_alone(norm: str, prepack: bool) -> None:
+    """The encoder skips padding (model.frozen.Packing): a padded batch's real positions equal each source alone."""
+    net = freeze(tiny_model(tiny_config(norm=norm)), prepack=prepack)
+    sources = [[5, 6, 7, 8, 9, 2], [10, 11, 2], [20, 2]]
+    src = torch.tensor([s + [0] * (6 - len(s)) for s in sources])
+    with torch.no_grad():
+        memory, mask = net.encode(src)
+        cross, cross_mask = net.encode_cross(src)  # (L, 2, B, H, S, Dh)
+        assert torch.equal(mask, cross_mask) and torch.equal(mask, src != 0)
+        torch.testing.assert_close(cross * mask[None, None, :, None, :, None], net.cross_kv(memory) * mask[
+            None, None, :, None, :, None])
+        for b, s in enumerate(sources):
+            alone, _ = net.encode(torch.tensor([s]))
+            torch.testing.assert_close(memory[b, : len(s)], alone[0], atol=1e-5, rtol=1e-5)
+            assert not memory[b, len(s):].any()  # padding stays zero: nothing is computed there
+            alone_cross, _ = net.encode_cross(torch.tensor([s]))
+            torch.testing.assert_close(cross[:, :, b, :, : len(s)], alone_cross[:, :, 0], atol=1e-5, rtol=1e-5)
+
+
 def test_int8_stacked_projection_equals_the_quantized_modules_exactly() -> None:
     torch.manual_seed(0)
     linears = nn.Sequential(*(nn.Linear(48, n) for n in (40, 40, 24)))
