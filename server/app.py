@@ -15,11 +15,12 @@ from pydantic import BaseModel
 from starlette.concurrency import run_in_threadpool
 
 from server.detect import LazyDetector
+from server.documents.store import FileStore
 from server.errors import DisconnectGuard, install_handlers
 from server.metrics import Metrics, MetricsMiddleware
 from server.ratelimit import RateLimiter
 from server.registry import Registry
-from server.routes import detect, frontend, health, info, page, translate
+from server.routes import detect, files, frontend, health, info, page, translate
 from server.routes import settings as settings_routes
 from server.schemas import DetectRequest, SettingsUpdate, TranslateRequest
 from server.settings import Settings
@@ -29,19 +30,23 @@ log = logging.getLogger(__name__)
 
 @asynccontextmanager
 async def lifespan(app: FastAPI) -> AsyncIterator[None]:
-    registry = Registry(app.state.settings, app.state.metrics)
+    settings: Settings = app.state.settings
+    registry = Registry(settings, app.state.metrics)
     supervisor: asyncio.Task[None] | None = None
+    store = FileStore(settings.file_ttl, settings.file_store_bytes, settings.file_dir)
     try:
         await run_in_threadpool(registry.start)  # starting batchers blocks; the event loop stays free
         app.state.detector = LazyDetector(registry.sources())  # its model loads when it is first needed
+        app.state.files = store
         app.state.registry = registry
         supervisor = asyncio.create_task(registry.supervise(app.state.settings.watchdog_interval))
         yield
     finally:
-        app.state.registry = app.state.detector = None
+        app.state.registry = app.state.detector = app.state.files = None
         if supervisor is not None:
             supervisor.cancel()
         registry.stop()
+        store.close()
         log.info("schedulers stopped")
 
 
@@ -70,10 +75,10 @@ def create_app(config: Settings | None = None) -> FastAPI:
                   description="Self-hosted machine translation, LibreTranslate-compatible, with streaming.")
     app.state.settings = config
     app.state.metrics = metrics = Metrics()
-    app.state.registry = app.state.detector = None
+    app.state.registry = app.state.detector = app.state.files = None
     app.state.rate_limiter = RateLimiter(config.rate_limit, config.rate_limit_storage) if config.rate_limit else None
     install_handlers(app)
-    for module in (translate, detect, info, settings_routes, frontend, health, page):
+    for module in (translate, files, detect, info, settings_routes, frontend, health, page):
         app.include_router(module.router)
     app.add_middleware(DisconnectGuard)
     app.add_middleware(MetricsMiddleware, metrics=metrics)

@@ -13,6 +13,7 @@ from starlette.datastructures import FormData
 from starlette.formparsers import MultiPartException, MultiPartParser
 
 from server.detect import LazyDetector
+from server.documents.store import FileStore
 from server.errors import (
     Forbidden,
     InvalidEncoding,
@@ -58,10 +59,18 @@ async def get_detector(request: Request) -> LazyDetector:
     return detector
 
 
+async def get_files(request: Request) -> FileStore:
+    files: FileStore | None = getattr(request.app.state, "files", None)
+    if files is None:
+        raise NotReady("the server is starting")
+    return files
+
+
 SettingsDep = Annotated[Settings, Depends(get_settings)]
 MetricsDep = Annotated[Metrics, Depends(get_metrics)]
 RegistryDep = Annotated[Registry, Depends(get_registry)]
 DetectorDep = Annotated[LazyDetector, Depends(get_detector)]
+FilesDep = Annotated[FileStore, Depends(get_files)]
 
 
 async def read_body(request: Request, limit: int) -> bytes:
@@ -118,16 +127,22 @@ def _from_pairs(pairs: list[tuple[str, str]], nested_options: bool = True) -> di
     return data
 
 
+async def parse_multipart(request: Request, body: bytes) -> FormData:
+    """A multipart/form-data body already read (and so bounded); 400 when it is malformed. Close it after use."""
+    async def stream() -> Any:
+        yield body
+
+    try:
+        form: FormData = await MultiPartParser(request.headers, stream()).parse()
+    except MultiPartException as exc:
+        raise InvalidRequest(f"malformed multipart body: {exc.message}") from exc
+    return form
+
+
 async def _form_pairs(request: Request, body: bytes) -> list[tuple[str, str]]:
     content_type = request.headers.get("content-type", "")
     if content_type.startswith("multipart/form-data"):
-        async def stream() -> Any:
-            yield body
-
-        try:
-            form: FormData = await MultiPartParser(request.headers, stream()).parse()
-        except MultiPartException as exc:
-            raise InvalidRequest(f"malformed multipart body: {exc.message}") from exc
+        form = await parse_multipart(request, body)
         return [(k, v) for k, v in form.multi_items() if isinstance(v, str)]
     try:
         return parse_qsl(_decode(body), keep_blank_values=True, errors="strict")

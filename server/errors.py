@@ -55,6 +55,18 @@ class UnsupportedLanguage(InvalidRequest):
     error_type = "unsupported_language"
 
 
+class UnsupportedFormat(InvalidRequest):
+    """A file whose name ends with an extension /translate_file does not take."""
+
+    error_type = "unsupported_format"
+
+
+class InvalidDocument(InvalidRequest):
+    """A file that is not what its extension says, is damaged, or is built to harm the reader."""
+
+    error_type = "invalid_document"
+
+
 class NotFound(TolkError):
     error_type = "not_found"
 

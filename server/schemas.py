@@ -128,6 +128,13 @@ class FrontendSettings(BaseModel):
     language: FrontendLanguages = Field(description="the languages a page starts with")
 
 
+class FileTranslation(BaseModel):
+    """LibreTranslate's answer to POST /translate_file, and the language found when the source was auto."""
+
+    translatedFileUrl: str = Field(description="where the translated file can be downloaded until it expires")
+    detectedLanguage: DetectedLanguage | None = None
+
+
 class ErrorBody(BaseModel):
     error: str
     error_type: str

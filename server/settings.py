@@ -58,6 +58,20 @@ class Settings(BaseSettings):
     max_beam_size: int = Field(default=8, ge=1, le=16)
     max_alternatives: int = Field(default=4, ge=0, le=15)
 
+    # File translation (POST /translate_file)
+    files: bool = Field(default=True, description="translate files; False answers 403, as LibreTranslate does "
+                        "with files off")
+    max_file_bytes: int = Field(default=10 << 20, ge=1024, description="bytes of one uploaded file")
+    max_file_chars: int = Field(default=200_000, ge=1, description="characters to translate in one file")
+    max_file_expanded_bytes: int = Field(default=64 << 20, ge=1024, description="bytes of a zipped document "
+                                         "(docx, pptx, odt, odp, epub) once decompressed, all entries together")
+    max_file_entries: int = Field(default=2000, ge=1, description="entries in a zipped document")
+    file_ttl: float = Field(default=1800.0, gt=0, description="seconds a translated file can be downloaded")
+    file_store_bytes: int = Field(default=512 << 20, ge=1024, description="bytes of translated files kept at "
+                                  "once; the oldest are dropped first")
+    file_dir: Path | None = Field(default=None, description="where translated files are kept (in a directory of "
+                                  "their own, removed at stop); None = the system's temporary directory")
+
     # HTTP
     cors_origins: Annotated[list[str], NoDecode] = Field(default_factory=list, description="empty = CORS off")
     api_keys: Annotated[list[SecretStr], NoDecode] = Field(
@@ -87,6 +101,7 @@ class Settings(BaseSettings):
         return self.model_dump(
             include={
                 "batching", "max_batch_rows", "max_source_tokens", "max_queue", "request_timeout", "max_text_chars",
-                "max_texts", "max_body_bytes", "max_new_tokens", "max_beam_size", "max_alternatives",
+                "max_texts", "max_body_bytes", "max_new_tokens", "max_beam_size", "max_alternatives", "files",
+                "max_file_bytes", "max_file_chars", "max_file_expanded_bytes", "max_file_entries", "file_ttl",
             }
         ) | {"api_key_required": bool(self.api_keys), "rate_limit": self.rate_limit}

@@ -171,6 +171,22 @@ def test_auto_streams_as_it_translates(client: TestClient) -> None:
         assert pieces == done[i]["translatedText"]
 
 
+def test_auto_detects_a_document_once_on_its_text(client: TestClient) -> None:
+    """A file is one language: detected on the start of its text, and every cue goes to that language's model
+    (a short cue alone would be a guess)."""
+    srt = f"1\n00:00:01,000 --> 00:00:02,000\n{ES}\n\n2\n00:00:03,000 --> 00:00:04,000\nOK.\n"
+    r = client.post("/translate_file", files={"file": ("carta.srt", srt.encode())}, data={"target": "pt"})
+    assert r.status_code == 200, r.text
+    assert r.json()["detectedLanguage"]["language"] == "es" and r.json()["detectedLanguage"]["confidence"] > 90
+    assert r.json()["translatedFileUrl"].endswith(".carta_pt.srt")
+    out = client.get(r.json()["translatedFileUrl"]).text
+    expected = [translate(client, t, source="es", target="pt")["translatedText"] for t in (ES, "OK.")]
+    assert out == (f"1\n00:00:01,000 --> 00:00:02,000\n{expected[0]}\n\n"
+                   f"2\n00:00:03,000 --> 00:00:04,000\n{expected[1]}\n")
+    r = client.post("/translate_file", files={"file": ("a.txt", EN.encode())}, data={"target": "de"})
+    assert (r.status_code, r.json()["error_type"]) == (400, "unsupported_language")
+
+
 # --- LibreTranslate's other endpoints -----------------------------------------------------------------------
 
 def test_frontend_settings(client: TestClient) -> None:
@@ -178,7 +194,8 @@ def test_frontend_settings(client: TestClient) -> None:
     assert r.status_code == 200
     assert r.json() == {
         "charLimit": 2000, "frontendTimeout": 500, "apiKeys": False, "keyRequired": False, "suggestions": False,
-        "filesTranslation": False, "supportedFilesFormat": [],
+        "filesTranslation": True,
+        "supportedFilesFormat": [".txt", ".html", ".htm", ".docx", ".pptx", ".odt", ".odp", ".epub", ".srt", ".vtt"],
         "language": {"source": {"code": "auto", "name": "Auto Detect"}, "target": {"code": "pt", "name": "Portuguese"}},
     }
 

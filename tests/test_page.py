@@ -221,6 +221,28 @@ def test_errors_are_explained(page: Any) -> None:
     assert page.is_hidden("[role=alert]"), "a successful translation clears the message"
 
 
+def test_a_document_is_translated_and_downloaded(page: Any, base_url: str) -> None:
+    text = "Open the file.\nSave changes before closing."
+    expected = _post(base_url + "/translate", {"q": text, "source": "en", "target": "pt"})["translatedText"]
+    page.wait_for_selector("#files", state="visible")
+    assert ".docx" in page.get_attribute("#file", "accept").split(",")
+    page.set_input_files("#file", files=[{"name": "notes.txt", "mimeType": "text/plain", "buffer": text.encode()}])
+    page.click("#translate-file")
+    page.wait_for_selector("#file-link", state="visible")
+    assert page.inner_text("#file-status") == "notes.txt is translated."
+    with page.expect_download() as info:
+        page.click("#file-link")
+    assert info.value.suggested_filename == "notes_pt.txt"
+    assert Path(info.value.path()).read_text() == expected
+
+    page.set_input_files("#file", files=[{"name": "notes.pdf", "mimeType": "application/pdf", "buffer": b"%PDF"}])
+    page.click("#translate-file")
+    page.wait_for_selector("#file-error", state="visible")
+    assert page.inner_text("#file-error").startswith(
+        "The server cannot translate this document: file format not supported: .pdf")
+    assert page.is_hidden("#file-link")
+
+
 def test_detection_is_offered_and_the_detected_language_shown(browser: Any, tiny_model_dir: Path,
                                                                tmp_path: Path) -> None:
     """With two source languages the page offers detection, and says which language it found."""

@@ -5,6 +5,7 @@ from __future__ import annotations
 from fastapi import APIRouter
 
 from server.deps import RegistryDep, SettingsDep
+from server.documents import extensions
 from server.errors import Forbidden
 from server.routes.info import NAMES
 from server.schemas import FrontendLanguages, FrontendSettings, LanguageChoice, error_responses
@@ -18,7 +19,8 @@ FRONTEND_TIMEOUT_MS = 500
 @router.get("/frontend/settings", response_model=FrontendSettings, responses=error_responses(503))
 async def frontend_settings(registry: RegistryDep, settings: SettingsDep) -> FrontendSettings:
     """Limits and switches a LibreTranslate page reads at start: the text limit, whether keys are needed, the
-    languages to start with (detection, and the first model's target). Files and suggestions are not served."""
+    languages to start with (detection, and the first model's target), the file formats POST /translate_file
+    takes. Suggestions are not collected."""
     target = registry.models[0].target if registry.models else "en"
     return FrontendSettings(
         charLimit=settings.max_text_chars,
@@ -26,8 +28,8 @@ async def frontend_settings(registry: RegistryDep, settings: SettingsDep) -> Fro
         apiKeys=bool(settings.api_keys),
         keyRequired=bool(settings.api_keys),
         suggestions=False,
-        filesTranslation=False,
-        supportedFilesFormat=[],
+        filesTranslation=settings.files,
+        supportedFilesFormat=extensions() if settings.files else [],
         language=FrontendLanguages(source=LanguageChoice(code="auto", name="Auto Detect"),
                                    target=LanguageChoice(code=target, name=NAMES.get(target, target))),
     )

@@ -10,7 +10,8 @@ const STREAM_ERRORS = { timeout: 504, engine_failure: 500, not_ready: 503, shutt
 const $ = (id) => document.getElementById(id);
 const el = {};
 for (const id of ["form", "source", "target", "swap", "text", "counter", "clear", "output", "stats", "copy",
-  "translate", "stop", "status", "error", "settings", "reset", "live", "key-field", "api_key", ...OPTIONS]) {
+  "translate", "stop", "status", "error", "settings", "reset", "live", "key-field", "api_key", "files", "file",
+  "translate-file", "formats", "file-status", "file-error", "file-link", ...OPTIONS]) {
   el[id] = $(id);
 }
 
@@ -116,6 +117,7 @@ async function load(attempt = 0) {
   el.source.disabled = el.target.disabled = el.translate.disabled = false;
   updateCounter();
   say(state.languages.length ? "" : "The server has no models loaded.");
+  loadFiles();
 }
 
 function options(select, codes, chosen) {
@@ -364,7 +366,66 @@ async function copy() {
   say("Translation copied to the clipboard.");
 }
 
+// ------------------------------------------------------------ documents (POST /translate_file)
+
+// Offered when the server translates files (LibreTranslate's /frontend/settings says so), for the formats it lists.
+async function loadFiles() {
+  let settings;
+  try {
+    settings = await getJSON("/frontend/settings");
+  } catch (_) {
+    return;  // the text translation works without it
+  }
+  if (!settings.filesTranslation) return;
+  el.file.accept = settings.supportedFilesFormat.join(",");
+  el.formats.textContent = `Its formatting is kept. Formats: ${settings.supportedFilesFormat.join(" ")}`;
+  el.files.hidden = false;
+}
+
+function fileChanged() {
+  el["translate-file"].disabled = !el.file.files.length;
+  el["file-link"].hidden = true;
+  el["file-error"].hidden = true;
+  el["file-status"].textContent = "";
+}
+
+async function translateFile() {
+  const file = el.file.files[0];
+  if (!file) return;
+  const data = new FormData();  // the fields LibreTranslate's page sends
+  data.append("file", file);
+  data.append("source", el.source.value);
+  data.append("target", el.target.value);
+  const headers = {};
+  const key = el.api_key.value.trim();
+  if (key) headers.Authorization = `Bearer ${key}`;
+  el["translate-file"].disabled = true;
+  el["file-link"].hidden = el["file-error"].hidden = true;
+  el["file-status"].textContent = `Translating ${file.name}…`;
+  try {
+    const response = await fetch("/translate_file", { method: "POST", headers, body: data });
+    if (!response.ok) throw await serverError(response);
+    const url = (await response.json()).translatedFileUrl;
+    const name = decodeURIComponent(url.split("/").pop()).replace(/^[^.]*\./, "");  // after the file's id
+    el["file-link"].href = url;
+    el["file-link"].download = name;
+    el["file-link"].textContent = `Download ${name}`;
+    el["file-link"].hidden = false;
+    el["file-status"].textContent = `${file.name} is translated.`;
+  } catch (err) {
+    el["file-status"].textContent = "";
+    el["file-error"].textContent = err instanceof ServerError && [400, 413].includes(err.status)
+      ? `The server cannot translate this document: ${err.message}` : explain(err);
+    el["file-error"].hidden = false;
+  } finally {
+    el["translate-file"].disabled = !el.file.files.length;
+  }
+}
+
 // ------------------------------------------------------------ wiring
+
+el.file.addEventListener("change", fileChanged);
+el["translate-file"].addEventListener("click", translateFile);
 
 el.form.addEventListener("submit", (event) => { event.preventDefault(); translate(); });
 el.stop.addEventListener("click", () => stop());

@@ -1,0 +1,173 @@
+"""POST /translate_file and GET /download_file/{name}: LibreTranslate's file translation.
+
+The upload is read within `max_file_bytes`, parsed into texts in a worker thread (`server/documents/`), and its texts
+go through the path /translate uses (`route`, `RoutedTranslation`): one request's worth of texts to one model, so the
+scheduler batches the document with itself. The translated file is kept in the app's `FileStore` until it expires;
+the answer is LibreTranslate's `{"translatedFileUrl": ".../download_file/<uuid>.<name>_<target>.<ext>"}`.
+"""
+
+from __future__ import annotations
+
+import re
+import unicodedata
+from dataclasses import dataclass
+from typing import Any
+
+from fastapi import APIRouter, Request, Response
+from starlette.concurrency import run_in_threadpool
+from starlette.datastructures import UploadFile
+
+from server.deps import (
+    DetectorDep,
+    FilesDep,
+    RegistryDep,
+    SettingsDep,
+    admit_client,
+    parse_multipart,
+    read_body,
+)
+from server.detect import MAX_CHARS, Detection, LazyDetector
+from server.documents import Document, Format, Limits, find_format
+from server.errors import EmptyText, Forbidden, InvalidRequest, NotFound, PayloadTooLarge
+from server.registry import Registry
+from server.routes.translate import unless_disconnected
+from server.routing import RoutedTranslation, route, visible_text
+from server.schemas import DetectedLanguage, FileTranslation, error_responses
+from server.settings import Settings
+
+router = APIRouter(tags=["translate"])
+
+FORM_OVERHEAD = 64 * 1024  # multipart framing and the other fields, on top of the file itself
+REQUEST_BODY = {
+    "content": {"multipart/form-data": {"schema": {
+        "type": "object", "required": ["file"],
+        "properties": {
+            "file": {"type": "string", "format": "binary",
+                     "description": "the document; its extension says its format (GET /frontend/settings lists them)"},
+            "source": {"type": "string", "default": "auto", "description": "language code, or 'auto': detected "
+                       "on the document's text"},
+            "target": {"type": "string", "description": "language code; may be omitted when one model serves the "
+                       "source"},
+            "api_key": {"type": "string"},
+        },
+    }}},
+    "required": True,
+}
+DOWNLOAD_RESPONSES: dict[int | str, dict[str, Any]] = {
+    200: {"description": "the translated file, as an attachment", "content": {"application/octet-stream": {}}},
+    **error_responses(404),
+}
+
+
+@dataclass
+class Upload:
+    filename: str
+    data: bytes
+    source: str
+    target: str | None
+    api_key: str | None
+
+
+async def read_upload(request: Request, settings: Settings) -> Upload:
+    """The multipart form as LibreTranslate's page sends it: `file`, `source`, `target`, `api_key`."""
+    if not request.headers.get("content-type", "").startswith("multipart/form-data"):
+        raise InvalidRequest("send the file as multipart/form-data, in a field named file")
+    body = await read_body(request, settings.max_file_bytes + FORM_OVERHEAD)
+    form = await parse_multipart(request, body)
+    try:
+        upload = form.get("file")
+        if not isinstance(upload, UploadFile):
+            raise InvalidRequest("Invalid request: missing file parameter")
+        data = await upload.read()
+        fields = {key: value for key, value in reversed(form.multi_items()) if isinstance(value, str)}
+    finally:
+        await form.close()
+    if not upload.filename:
+        raise InvalidRequest("Invalid request: empty file name")
+    if len(data) > settings.max_file_bytes:
+        raise PayloadTooLarge(f"file of {len(data)} bytes; the limit is {settings.max_file_bytes}")
+    if not data:
+        raise EmptyText(f"{upload.filename} is empty; there is nothing to translate")
+    return Upload(upload.filename, data, fields.get("source") or "auto", fields.get("target") or None,
+                  fields.get("api_key") or None)
+
+
+def read_document(fmt: Format, upload: Upload, limits: Limits, max_chars: int) -> tuple[Document, str]:
+    """The document's texts within the limit of characters, and the start of its text (for detection)."""
+    document = fmt.read(upload.data, upload.filename, limits)
+    visible = [visible_text(text, html=True) for text in document.texts]
+    chars = sum(len(v) for v in visible)
+    if not any(v.strip() for v in visible):
+        raise EmptyText(f"{upload.filename} has no text to translate")
+    if chars > max_chars:
+        raise PayloadTooLarge(f"{upload.filename} has {chars} characters to translate; the limit is {max_chars}")
+    sample = " ".join(v.strip() for v in visible if v.strip())[:MAX_CHARS]
+    return document, sample
+
+
+async def detect_source(registry: Registry, detector: LazyDetector, target: str | None,
+                        sample: str) -> Detection:
+    """The document's language among those with a model into target, from the start of its text (a document is
+    one language: its short paragraphs are not each detected on their own)."""
+    candidates = registry.sources(target)
+    found = await detector.get()
+    return found.best(sample, candidates)
+
+
+def download_name(filename: str, target: str, ext: str) -> str:
+    """LibreTranslate's name for the translated file, `<name>_<target><ext>`, in safe ASCII."""
+    base = filename.replace("\\", "/").rsplit("/", 1)[-1]
+    stem = base[: -len(ext)] if base.lower().endswith(ext) else base
+
+    def safe(text: str) -> str:
+        plain = unicodedata.normalize("NFKD", text).encode("ascii", "ignore").decode()
+        return re.sub(r"[^A-Za-z0-9_.-]+", "_", plain).strip("._")[:100]
+
+    return f"{safe(stem) or 'document'}_{safe(target) or 'translated'}{ext}"
+
+
+@router.post("/translate_file", response_model=FileTranslation, response_model_exclude_none=True,
+             openapi_extra={"requestBody": REQUEST_BODY},
+             responses=error_responses(400, 401, 403, 413, 429, 500, 503, 504))
+async def translate_file(request: Request, registry: RegistryDep, detector: DetectorDep, settings: SettingsDep,
+                         files: FilesDep) -> FileTranslation:
+    """Translate a document, keeping its formatting; the answer says where to download it (until it expires)."""
+    if not settings.files:
+        raise Forbidden("Files translation are disabled on this server.")
+    upload = await read_upload(request, settings)
+    admit_client(request, settings, upload.api_key)
+    fmt, ext = find_format(upload.filename)
+    limits = Limits(settings.max_file_expanded_bytes, settings.max_file_entries)
+    document, sample = await run_in_threadpool(read_document, fmt, upload, limits, settings.max_file_chars)
+    detected = None
+    source = upload.source
+    if source == "auto":
+        detected = await detect_source(registry, detector, upload.target, sample)
+        source = detected.language
+    routing = await route(registry, detector, source, upload.target, document.texts, html=True)
+    translation = await RoutedTranslation.start(routing, document.texts, True, {}, 0, stream=False)
+    try:
+        results = await unless_disconnected(request, translation.results())
+    finally:
+        translation.cancel()
+    data = await run_in_threadpool(document.rebuild, [r.text for r in results])
+    name = download_name(upload.filename, routing.routes[0].served.target, ext)
+    file_id = await run_in_threadpool(files.put, name, fmt.media_type, data)
+    return FileTranslation(
+        translatedFileUrl=str(request.url_for("download_file", name=f"{file_id}.{name}")),
+        detectedLanguage=DetectedLanguage(confidence=detected.confidence, language=detected.language)
+        if detected else None,
+    )
+
+
+@router.get("/download_file/{name}", response_class=Response, responses=DOWNLOAD_RESPONSES)
+async def download_file(name: str, files: FilesDep) -> Response:
+    """A translated file, by the name /translate_file answered (`<uuid>.<name>`), until it expires."""
+    file_id, _, filename = name.partition(".")
+    stored = files.get(file_id, filename)
+    try:
+        data = await run_in_threadpool(stored.path.read_bytes)
+    except FileNotFoundError as exc:  # dropped for room between the look-up and the read
+        raise NotFound("no such file: it has expired, or it never existed") from exc
+    return Response(data, media_type=stored.media_type,
+                    headers={"Content-Disposition": f'attachment; filename="{stored.filename}"'})
