@@ -54,6 +54,8 @@ class Metrics:
                                "after an out-of-memory error)", ["model"], registry=r)
         self.restarts = Counter("tolk_scheduler_restarts", "Scheduler threads restarted after they died", ["model"],
                                 registry=r)
+        self.translation_cache = Counter("tolk_translation_cache", "Sentences looked up in the translation cache "
+                                         "(sampled ones are not)", ["model", "result"], registry=r)
         self.step = Histogram("tolk_decode_step_seconds", "Time of one decode step", ["model"], buckets=STEP,
                               registry=r)
 

@@ -9,14 +9,17 @@ and `dead` turns true, so the registry's supervisor calls `restart()`.
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import logging
 import random
 import threading
 import time
+from dataclasses import dataclass, field
 
-from model.events import Event, FinishEvent
+from model.events import Event, FinishEvent, TokenEvent
 from model.generation import GenerationConfig
+from server.cache import CacheKey, TranslationCache, cache_key
 from server.errors import EngineFailure, NotReady, Overloaded, ShuttingDown, TolkError
 from server.jobs import Job, deliver
 from server.messages import Cancel, Exited, Output, Ready, Submit, Target
@@ -25,6 +28,17 @@ from server.settings import Settings
 from server.transport import Transport
 
 log = logging.getLogger(__name__)
+
+
+@dataclass
+class _Open:
+    """A job with sentences at the batcher."""
+
+    job: Job
+    due: set[int]  # sentences whose FinishEvent has not come yet
+    keys: list[CacheKey | None]  # each sentence's translation-cache key (None: never kept)
+    sent: list[int] | None = None  # the request's index of each sentence sent (None: all were, in order)
+    logprobs: dict[int, list[float]] = field(default_factory=dict)  # streamed token log-probs per sentence
 
 
 class Scheduler:
@@ -40,12 +54,13 @@ class Scheduler:
         self.ready: Ready | None = None  # what the batcher said when it started
         self._metrics = metrics
         self._lock = threading.Lock()  # guards _jobs, _submitted and _left
-        self._jobs: dict[int, tuple[Job, set[int]]] = {}  # request -> (job, sentences whose FinishEvent is due)
+        self._jobs: dict[int, _Open] = {}  # request -> its job and sentences still at the batcher
         self._requests = itertools.count()
         self._submitted = 0  # sentences sent to the batcher
         self._left = 0  # of those, how many have left its queue (admitted or dropped), as it last said
         self._stopping = threading.Event()
         self._failure: str | None = None
+        self.cache = TranslationCache(settings.translation_cache_entries)
 
     @property
     def running(self) -> bool:
@@ -91,14 +106,27 @@ class Scheduler:
             raise NotReady(f"model {self.name} is not running")
         # Samples get their seed now, so that a sentence decoded again after an out-of-memory error comes out the same.
         configs = [c.update(seed=random.getrandbits(62)) if c.do_sample and c.seed is None else c for c in configs]
+        keys = [cache_key(src, c) for src, c in zip(sources, configs, strict=True)]
+        hits = {i: e for i, key in enumerate(keys) if (e := self.cache.get(key, stream)) is not None}
+        sent = [i for i in range(len(sources)) if i not in hits]
+        if self.cache.enabled:
+            kept = len(keys) - keys.count(None)  # sampled sentences are neither hits nor misses
+            self._metrics.translation_cache.labels(model=self.name, result="hit").inc(len(hits))
+            self._metrics.translation_cache.labels(model=self.name, result="miss").inc(kept - len(hits))
         with self._lock:
-            if self.queued and self.queued + len(sources) > self.settings.max_queue:
+            if sent and self.queued and self.queued + len(sent) > self.settings.max_queue:
                 raise Overloaded("too many sentences are waiting; retry later", self.settings.retry_after)
-            self._submitted += len(sources)
             job = Job(next(self._requests), len(sources), stream, self.cancel)
-            self._jobs[job.request] = (job, set(range(len(sources))))
+            if sent:
+                self._submitted += len(sent)
+                self._jobs[job.request] = _Open(job, set(sent), keys, sent if hits else None)
+        if hits:  # answered here, before anything the batcher sends
+            job.put([event for i, entry in hits.items() for event in entry.events(job.request, i, stream)])
+        if not sent:
+            return job
         deadline = time.monotonic() + self.settings.request_timeout
-        if not self.transport.send(Submit(job.request, sources, configs, stream, deadline)):
+        submit = Submit(job.request, [sources[i] for i in sent], [configs[i] for i in sent], stream, deadline)
+        if not self.transport.send(submit):
             self._forget(job.request)
             raise NotReady(f"model {self.name} is not running")
         return job
@@ -126,20 +154,32 @@ class Scheduler:
                 entry = self._jobs.get(request)
                 if entry is None:  # cancelled here after the batcher sent these
                     continue
-                job, due = entry
+                if entry.sent is not None:  # some sentences came from the cache: number the rest as the request did
+                    events = [e if isinstance(e, TolkError) else dataclasses.replace(e, sentence=entry.sent[e.sentence])
+                              for e in events]
                 for event in events:
                     if isinstance(event, TolkError):
-                        due.clear()
+                        entry.due.clear()
                     elif isinstance(event, FinishEvent):
-                        due.discard(event.sentence)
-                if not due:
+                        entry.due.discard(event.sentence)
+                        self._keep(entry, event)
+                    elif isinstance(event, TokenEvent) and entry.job.stream:
+                        entry.logprobs.setdefault(event.sentence, []).append(event.logprob)
+                if not entry.due:
                     del self._jobs[request]
-                out[job] = events
+                out[entry.job] = events
         deliver(out)
+
+    def _keep(self, entry: _Open, event: FinishEvent) -> None:
+        """A finished sentence goes into the translation cache (with its streamed token log-probs, if any)."""
+        key = entry.keys[event.sentence]
+        if key is not None:
+            streamed = entry.job.stream and key[1].beam_size == 1
+            self.cache.put(key, event, entry.logprobs.pop(event.sentence, []) if streamed else None)
 
     def _fail_all(self, error: TolkError) -> None:
         with self._lock:
-            jobs = [job for job, _ in self._jobs.values()]
+            jobs = [entry.job for entry in self._jobs.values()]
             self._jobs.clear()
             self._submitted = self._left = 0
         SchedulerStats(running=0, waiting=0, rows_used=0).apply(self._metrics, self.name)

@@ -48,6 +48,9 @@ class Settings(BaseSettings):
     request_timeout: float = Field(default=60.0, gt=0, description="seconds to wait and decode before a 504")
     watchdog_interval: float = Field(default=1.0, gt=0, description="seconds between checks that restart a "
                                      "dead scheduler thread")
+    translation_cache_entries: int = Field(default=10000, ge=0, description="finished sentences kept per model "
+                                           "and answered again without decoding (same source, same settings; "
+                                           "sampling is never kept); 0 = off")
     retry_after: int = Field(default=1, ge=1, description="seconds suggested in Retry-After with a 429")
 
     # Limits of requests

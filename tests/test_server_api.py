@@ -29,9 +29,11 @@ def parse_sse(body: str) -> list[tuple[str, Any]]:
 def server_settings(model_dir: Path, **changes: Any) -> Settings:
     """Settings for a test app: the tiny model on the CPU in float32 (its answers are compared with the engine's
     own), small limits, nothing read from the environment; the batcher in a child process, as users run it, unless
-    a test asks for it as a thread (`scheduler_process=False`) to look inside."""
+    a test asks for it as a thread (`scheduler_process=False`) to look inside. The translation cache is off, so
+    that every request decodes (tests/test_cache.py turns it on)."""
+    settings: dict[str, Any] = {"translation_cache_entries": 0, **changes}
     return Settings(_env_file=None, models=[model_dir], device="cpu", dtype="float32",  # type: ignore[call-arg]
-                    max_text_chars=2000, max_texts=8, max_body_bytes=64 * 1024, **changes)
+                    max_text_chars=2000, max_texts=8, max_body_bytes=64 * 1024, **settings)
 
 
 

@@ -1,0 +1,146 @@
+"""The translation cache: a repeated sentence is answered without decoding, exactly as a decoded one (whole and
+streamed, greedy and beam), mixed requests keep their order, sampling always decodes, and 0 turns it off."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from fastapi.testclient import TestClient
+
+from model.events import FinishEvent, Hypothesis, TokenEvent
+from model.generation import GenerationConfig
+from server.cache import TranslationCache, cache_key
+from server.scheduler import Scheduler
+from tests.test_server_api import metric, parse_sse
+from tests.test_server_batching import app_client, batch_of, scheduler_of
+
+HIT = 'tolk_translation_cache_total{model="tiny-en-pt",result="hit"}'
+MISS = 'tolk_translation_cache_total{model="tiny-en-pt",result="miss"}'
+
+
+@pytest.fixture(scope="module")
+def cached(tiny_model_dir: Path) -> Iterator[TestClient]:
+    with app_client(tiny_model_dir, translation_cache_entries=100) as c:
+        yield c
+
+
+@pytest.fixture(scope="module")
+def uncached(tiny_model_dir: Path) -> Iterator[TestClient]:
+    with app_client(tiny_model_dir) as c:  # the tests' settings: no cache
+        yield c
+
+
+def decode_steps(client: TestClient) -> int:
+    """Decode steps the batcher has run so far (each one calls the batch's forward)."""
+    batch = batch_of(scheduler_of(client))
+    assert batch is not None
+    return int(getattr(batch, "steps", 0))
+
+
+@pytest.fixture(autouse=True)
+def count_steps(cached: TestClient) -> Iterator[None]:
+    batch = batch_of(scheduler_of(cached))
+    assert batch is not None
+    forward = batch.forward
+
+    def counted() -> Any:
+        batch.steps = getattr(batch, "steps", 0) + 1  # type: ignore[attr-defined]
+        return forward()
+
+    batch.forward = counted  # type: ignore[method-assign]
+    yield
+    batch.forward = forward  # type: ignore[method-assign]
+
+
+def post(client: TestClient, q: str | list[str], **options: Any) -> dict[str, Any]:
+    r = client.post("/translate", json={"q": q, "source": "en", "target": "pt", "options": options})
+    assert r.status_code == 200, r.text
+    body: dict[str, Any] = r.json()
+    return body
+
+
+def stream(client: TestClient, q: str, **options: Any) -> list[tuple[str, Any]]:
+    r = client.post("/translate/stream", json={"q": q, "source": "en", "target": "pt", "options": options})
+    assert r.status_code == 200, r.text
+    return parse_sse(r.text)
+
+
+def test_a_repeat_is_answered_without_decoding_and_equals_the_decode(cached: TestClient,
+                                                                     uncached: TestClient) -> None:
+    text, options = "Open the settings window.", {"max_new_tokens": 12, "return_scores": True}
+    first = post(cached, text, **options)
+    steps, hits = decode_steps(cached), metric(cached, HIT)
+    again = post(cached, text, **options)
+    assert again == first == post(uncached, text, **options)  # text, scores and token counts alike
+    assert decode_steps(cached) == steps  # nothing was decoded
+    assert metric(cached, HIT) == hits + 1
+
+
+@pytest.mark.parametrize("options", [{"max_new_tokens": 9}, {"beam_size": 3, "max_new_tokens": 9}])
+def test_a_streamed_repeat_sends_the_events_of_a_decode(cached: TestClient, uncached: TestClient,
+                                                        options: dict[str, Any]) -> None:
+    text = f"Save the file before closing {options.get('beam_size', 1)}."
+    whole = post(cached, text, **options)  # decoded without streaming first: no token log-probs kept
+    decoded = stream(cached, text, **options)  # so this one decodes (greedy) and keeps them
+    steps = decode_steps(cached)
+    replayed = stream(cached, text, **options)
+    assert replayed == decoded == stream(uncached, text, **options)  # tokens, ids, log-probs, done events
+    assert decode_steps(cached) == steps
+    assert replayed[-1][1]["translatedText"] == whole["translatedText"]
+    tokens = [d["token"] for e, d in replayed if e == "token"]
+    assert "".join(t["text"] for t in tokens) == whole["translatedText"]
+    if "beam_size" not in options:  # greedy: every token with its id and log-probability, as decoded
+        assert tokens and all(isinstance(t["logprob"], float) and isinstance(t["id"], int) for t in tokens)
+
+
+def test_a_request_mixing_repeats_and_new_sentences_keeps_its_order(cached: TestClient,
+                                                                    uncached: TestClient) -> None:
+    post(cached, ["Close the window.", "Print the page."])
+    mixed = ["Print the page.", "Undo the last change.", "Close the window.", "Print the page. Close the window."]
+    assert post(cached, mixed) == post(uncached, mixed)
+    streamed = stream(cached, "Close the window. Delete the old copy. Print the page.")
+    assert streamed == stream(uncached, "Close the window. Delete the old copy. Print the page.")
+
+
+def test_sampling_always_decodes(cached: TestClient) -> None:
+    options = {"do_sample": True, "seed": 5, "max_new_tokens": 6}
+    hits, misses = metric(cached, HIT), metric(cached, MISS)
+    first = post(cached, "Open the file now.", **options)
+    steps = decode_steps(cached)
+    assert post(cached, "Open the file now.", **options) == first  # the seed makes it the same ...
+    assert decode_steps(cached) > steps  # ... but it was decoded again
+    assert (metric(cached, HIT), metric(cached, MISS)) == (hits, misses)  # and never looked up
+
+
+def test_other_settings_are_other_entries(cached: TestClient) -> None:
+    post(cached, "Rename the folder.", max_new_tokens=10)
+    steps = decode_steps(cached)
+    post(cached, "Rename the folder.", max_new_tokens=3)
+    assert decode_steps(cached) > steps
+
+
+def test_the_cache_is_bounded_and_can_be_off() -> None:
+    config = GenerationConfig()
+    finish = FinishEvent(0, 0, [Hypothesis([5, 6], -1.0, "eos")], "eos")
+    lru = TranslationCache(2)
+    for i in range(3):
+        lru.put(cache_key([i, 2], config), finish, [-0.5, -0.5])
+    assert len(lru) == 2 and lru.get(cache_key([0, 2], config), stream=False) is None  # the oldest went
+    hit = lru.get(cache_key([2, 2], config), stream=True)
+    assert hit is not None and hit.events(7, 1, stream=True) == [TokenEvent(7, 1, 5, -0.5), TokenEvent(7, 1, 6, -0.5),
+                                                                  FinishEvent(7, 1, finish.hypotheses, "eos")]
+    lru.put(cache_key([2, 2], config), finish, None)  # a decode without streaming never drops the log-probs
+    assert lru.get(cache_key([2, 2], config), stream=True) is not None
+    off = TranslationCache(0)
+    off.put(cache_key([1, 2], config), finish, None)
+    assert off.get(cache_key([1, 2], config), stream=False) is None
+    assert cache_key([1, 2], GenerationConfig(do_sample=True)) is None
+
+
+def test_scheduler_of_the_uncached_server_keeps_nothing(uncached: TestClient) -> None:
+    post(uncached, "Open the file.")
+    scheduler: Scheduler = scheduler_of(uncached)
+    assert len(scheduler.cache) == 0 and not scheduler.cache.enabled
