@@ -38,7 +38,18 @@ class _Open:
     due: set[int]  # sentences whose FinishEvent has not come yet
     keys: list[CacheKey | None]  # each sentence's translation-cache key (None: never kept)
     sent: list[int] | None = None  # the request's index of each sentence sent (None: all were, in order)
+    copies: dict[int, list[int]] = field(default_factory=dict)  # a sentence sent -> its repeats in the request
     logprobs: dict[int, list[float]] = field(default_factory=dict)  # streamed token log-probs per sentence
+
+
+def _with_copies(events: list[Event | TolkError], copies: dict[int, list[int]]) -> list[Event | TolkError]:
+    """Each event of a sentence followed by the same event for each of its repeats in the request."""
+    out: list[Event | TolkError] = []
+    for e in events:
+        out.append(e)
+        if not isinstance(e, TolkError):
+            out.extend(dataclasses.replace(e, sentence=j) for j in copies.get(e.sentence, ()))
+    return out
 
 
 class Scheduler:
@@ -108,7 +119,18 @@ class Scheduler:
         configs = [c.update(seed=random.getrandbits(62)) if c.do_sample and c.seed is None else c for c in configs]
         keys = [cache_key(src, c) for src, c in zip(sources, configs, strict=True)]
         hits = {i: e for i, key in enumerate(keys) if (e := self.cache.get(key, stream)) is not None}
-        sent = [i for i in range(len(sources)) if i not in hits]
+        first: dict[CacheKey, int] = {}  # a sentence repeated within the request is decoded once
+        copies: dict[int, list[int]] = {}
+        sent = []
+        for i, key in enumerate(keys):
+            if i in hits:
+                continue
+            if key is not None and self.cache.enabled and key in first:
+                copies.setdefault(first[key], []).append(i)
+                continue
+            if key is not None:
+                first[key] = i
+            sent.append(i)
         if self.cache.enabled:
             kept = len(keys) - keys.count(None)  # sampled sentences are neither hits nor misses
             self._metrics.translation_cache.labels(model=self.name, result="hit").inc(len(hits))
@@ -119,7 +141,9 @@ class Scheduler:
             job = Job(next(self._requests), len(sources), stream, self.cancel)
             if sent:
                 self._submitted += len(sent)
-                self._jobs[job.request] = _Open(job, set(sent), keys, sent if hits else None)
+                due = set(sent).union(*copies.values())
+                renumbered = len(sent) < len(sources)
+                self._jobs[job.request] = _Open(job, due, keys, sent if renumbered else None, copies)
         if hits:  # answered here, before anything the batcher sends
             job.put([event for i, entry in hits.items() for event in entry.events(job.request, i, stream)])
         if not sent:
@@ -154,9 +178,11 @@ class Scheduler:
                 entry = self._jobs.get(request)
                 if entry is None:  # cancelled here after the batcher sent these
                     continue
-                if entry.sent is not None:  # some sentences came from the cache: number the rest as the request did
+                if entry.sent is not None:  # some sentences were not sent: number the rest as the request did
                     events = [e if isinstance(e, TolkError) else dataclasses.replace(e, sentence=entry.sent[e.sentence])
                               for e in events]
+                if entry.copies:  # and a sentence's repeats get its events
+                    events = _with_copies(events, entry.copies)
                 for event in events:
                     if isinstance(event, TolkError):
                         entry.due.clear()

@@ -10,6 +10,7 @@ from typing import Any
 import pytest
 from fastapi.testclient import TestClient
 
+from model.checkpoint import LoadedModel
 from model.events import FinishEvent, Hypothesis, TokenEvent
 from model.generation import GenerationConfig
 from server.cache import TranslationCache, cache_key
@@ -144,3 +145,15 @@ def test_scheduler_of_the_uncached_server_keeps_nothing(uncached: TestClient) ->
     post(uncached, "Open the file.")
     scheduler: Scheduler = scheduler_of(uncached)
     assert len(scheduler.cache) == 0 and not scheduler.cache.enabled
+
+
+def test_a_sentence_repeated_within_a_request_is_decoded_once(cached: TestClient, uncached: TestClient,
+                                                              tiny_loaded: LoadedModel) -> None:
+    admitted = 'tolk_input_tokens_total{model="tiny-en-pt"}'
+    texts = ["Replace all matches.", "Replace all matches.", "Find the next word.", "Replace all matches."]
+    before = metric(cached, admitted)
+    assert post(cached, texts) == post(uncached, texts)
+    once = sum(len(tiny_loaded.tokenizer.encode(t)) for t in set(texts))
+    assert metric(cached, admitted) - before == once  # two sentences admitted, not four
+    text = "Go back. Go back. Stop here. Go back."
+    assert stream(cached, text) == stream(uncached, text)
