@@ -88,7 +88,7 @@ def _parent(proc: Path) -> int:
 def start_server(args: argparse.Namespace, port: int, process: bool) -> subprocess.Popen[bytes]:
     env = {**os.environ, "TOLK_MAX_BATCH_ROWS": "32", "TOLK_MAX_QUEUE": "100000", "TOLK_REQUEST_TIMEOUT": "600",
            "TOLK_MAX_NEW_TOKENS": str(args.max_new_tokens), "TOLK_DTYPE": args.dtype,
-           "TOLK_SCHEDULER_PROCESS": str(process).lower()}
+           "TOLK_SCHEDULER_PROCESS": str(process).lower(), "TOLK_TRANSLATION_CACHE_ENTRIES": "0"}
     return subprocess.Popen([sys.executable, "-m", "server", "--model", str(args.model), "--port", str(port),
                              "--threads", str(args.threads), "--log-level", "warning"], cwd=ROOT, env=env)
 

@@ -74,7 +74,8 @@ def random_model_dir(directory: Path, geometry: str) -> Path:
 def start_server(model_dir: Path, port: int, batching: bool, args: argparse.Namespace) -> subprocess.Popen[bytes]:
     env = {**os.environ, "TOLK_MAX_BATCH_ROWS": str(args.rows), "TOLK_MAX_QUEUE": "100000",
            "TOLK_REQUEST_TIMEOUT": "600", "TOLK_MAX_NEW_TOKENS": str(max(args.max_new_tokens, 1)),
-           "TOLK_DTYPE": args.dtype}
+           "TOLK_DTYPE": args.dtype,
+           "TOLK_TRANSLATION_CACHE_ENTRIES": "0"}  # every request decodes: this measures the engine and the server
     command = [sys.executable, "-m", "server", "--model", str(model_dir), "--port", str(port), "--device",
                args.device, "--threads", str(args.threads), "--log-level", "warning"]
     if not batching:
