@@ -40,6 +40,35 @@ def top_k(x: Tensor, k: int, chunk: int = 256) -> tuple[Tensor, Tensor]:
     return values, torch.where(pos < k * chunk, in_body, pos - k * chunk + whole)
 
 
+# From this many logits on, `argmax` goes through chunk maxima; below, its extra calls cost more than they save
+# (crossover between 96k and 116k logits on the 2-core AVX2 EPYC, one thread).
+CHUNKED_ARGMAX_MIN = 100_000
+
+
+def argmax(x: Tensor, chunk: int = 256) -> Tensor:
+    """x.argmax(-1) for rows (B, V), first index on ties; on the CPU 1.7 times faster at 32 x 8,000, 5.7 at 32 x 58k.
+
+    torch's argmax over a row is not vectorised on the CPU (about 1 ns a logit here: 1.85 ms for 32 rows of 58k),
+    while amax is about ten times faster; the first chunk that holds a row's maximum holds its first argmax.
+    """
+    B, V = x.shape
+    n = V // chunk
+    if x.numel() < CHUNKED_ARGMAX_MIN or n < 2:
+        return x.argmax(-1)
+    whole = n * chunk
+    body = x[:, :whole].view(B, n, chunk)
+    maxima = body.amax(-1)  # (B, n)
+    if whole < V:  # the tail after the last whole chunk is one more candidate "chunk"
+        maxima = torch.cat([maxima, x[:, whole:].amax(-1, keepdim=True)], 1)
+    c = maxima.argmax(-1)  # (B,) the first chunk holding the row's maximum
+    in_body = c.clamp(max=n - 1)
+    inside = body.gather(1, in_body[:, None, None].expand(B, 1, chunk))[:, 0].argmax(-1)  # (B,)
+    if whole == V:
+        return in_body * chunk + inside
+    tail = x[:, whole:].argmax(-1) + whole
+    return torch.where(c < n, in_body * chunk + inside, tail)
+
+
 @torch.inference_mode()
 def step(batch: DecodeBatch) -> list[Event]:
     """One decoder step for every active row; returns the tokens and the sequences that finished (which leave)."""
@@ -51,7 +80,7 @@ def step(batch: DecodeBatch) -> list[Event]:
     logprobs = logits.log_softmax(-1)  # (n, V)
     beams = [s for s in seqs if s.beam > 1]
     everyone_beams = sum(s.beam for s in beams) == n
-    tokens = logits.new_empty(n, dtype=torch.long) if everyone_beams else logits.argmax(-1)  # (n,)
+    tokens = logits.new_empty(n, dtype=torch.long) if everyone_beams else argmax(logits)  # (n,)
     sampled = [r for s in seqs if s.config.do_sample for r in s.rows]
     if sampled:
         idx = torch.tensor(sampled, device=logits.device)

@@ -15,7 +15,7 @@ from model.events import FinishEvent, SentenceKey, TokenEvent
 from model.frozen import Projection, attend_one, freeze
 from model.generation import GenerationConfig
 from model.layers import ACTIVATION_FUNCTIONS
-from model.search import admissible, beam_search, generate, greedy, sample, step, top_k
+from model.search import admissible, argmax, beam_search, generate, greedy, sample, step, top_k
 from model.transformer import Transformer
 from tests.tiny import tiny_config, tiny_model
 
@@ -170,6 +170,17 @@ def test_freeze_follows_the_parameters() -> None:
     twin = copy.deepcopy(model)  # a frozen network lives outside the module: the copy builds its own weights
     assert freeze(twin).tgt_table.data_ptr() != net.tgt_table.data_ptr()
     torch.testing.assert_close(stepped_logits(twin, src, tgt), full, atol=1e-5, rtol=1e-4)
+
+
+@pytest.mark.parametrize(("B", "V"), [(3, 8000), (16, 8000), (40, 8000), (2, 58101), (5, 512)])
+def test_chunked_argmax_equals_torch_argmax(B: int, V: int) -> None:
+    g = torch.Generator().manual_seed(B)
+    x = torch.randn(B, V, generator=g)
+    x[0, 7] = x[0, V - 9] = x[0].max() + 1  # a tie: the first index wins
+    x[1, V - 1] = 50.0  # the maximum in the tail after the last whole chunk
+    if B > 2:
+        x[2] = float("-inf")  # every token banned
+    assert torch.equal(argmax(x), x.argmax(-1))
 
 
 @pytest.mark.parametrize("V", [100, 1000, 1031])
