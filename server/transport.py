@@ -53,7 +53,7 @@ class ThreadTransport:
 
     def start(self, target: Target, settings: Settings, max_source_tokens: int, emit: Emit, timeout: float) -> Ready:
         if self._loaded is None:
-            self._loaded = load(target.directory, device=target.device, dtype=target.dtype)
+            self._loaded = load(target.directory, device=target.device, dtype=target.dtype, keep_modules=False)
         self.batcher = Batcher(target.name, self._loaded.net, settings, max_source_tokens, emit)
         cache_bytes = self.batcher.start(timeout)
         return Ready(str(self._loaded.device), self._loaded.parameters, cache_bytes)
@@ -173,7 +173,7 @@ def child_main(target: Target, settings: Settings, max_source_tokens: int, comma
             events.send(message)
 
     try:
-        loaded = load(target.directory, device=target.device, dtype=target.dtype)
+        loaded = load(target.directory, device=target.device, dtype=target.dtype, keep_modules=False)
         batcher = Batcher(target.name, loaded.net, settings, max_source_tokens, emit)
         cache_bytes = batcher.start()
     except Exception as exc:

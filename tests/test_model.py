@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+from pathlib import Path
 
 import pytest
 import torch
@@ -432,3 +433,17 @@ def test_step_goes_through_the_batch_forward(loaded: checkpoint.LoadedModel, sou
     batch.forward = fail  # type: ignore[method-assign]
     with pytest.raises(RuntimeError, match="injected"):
         step(batch)
+
+
+@pytest.mark.parametrize("dtype", ["float32", "int8"])
+def test_a_decoding_process_keeps_the_weights_once(tiny_model_dir: Path, dtype: str) -> None:
+    """keep_modules=False (what the batcher loads) drops the modules' linear weights and decodes the same."""
+    full = checkpoint.load(tiny_model_dir, device="cpu", dtype=dtype)
+    lean = checkpoint.load(tiny_model_dir, device="cpu", dtype=dtype, keep_modules=False)
+    sources = [full.tokenizer.encode(s) for s in SOURCES]
+    for config in (GenerationConfig(max_new_tokens=12), GenerationConfig(beam_size=3, max_new_tokens=12)):
+        assert generate(lean.net, sources, config) == generate(full.net, sources, config)
+    if dtype == "float32":
+        linears = [m for m in lean.model.modules() if type(m) is nn.Linear]
+        assert linears and all(m.weight.numel() == 0 for m in linears)
+        assert lean.parameters == full.parameters and lean.device == full.device
