@@ -32,6 +32,7 @@ class GenerationConfig:
     no_repeat_ngram_size: int = 0  # forbid repeating any n-gram of this size; 0 = off
     min_new_tokens: int = 0  # end-of-sentence is forbidden before this many tokens
     max_new_tokens: int = 256  # hard cap on generated tokens, end-of-sentence included
+    scores: bool = True  # compute token log-probs and hypothesis scores; False: greedy rows skip it (NaN instead)
 
     def __post_init__(self) -> None:
         self.validate()

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import math
 from pathlib import Path
 
 import pytest
@@ -447,3 +448,19 @@ def test_a_decoding_process_keeps_the_weights_once(tiny_model_dir: Path, dtype: 
         linears = [m for m in lean.model.modules() if type(m) is nn.Linear]
         assert linears and all(m.weight.numel() == 0 for m in linears)
         assert lean.parameters == full.parameters and lean.device == full.device
+
+
+def test_rows_without_scores_decode_the_same_tokens(loaded: checkpoint.LoadedModel, sources: list[list[int]]) -> None:
+    """scores=False skips normalising greedy rows; alone or sharing a batch with rows that need log-probs."""
+    plain = GenerationConfig(max_new_tokens=10)
+    quiet = plain.update(scores=False)
+    others = [plain, plain.update(beam_size=2), plain.update(do_sample=True, seed=3)]
+    for mix in ([quiet] * len(sources), [quiet, *others][: len(sources)]):
+        with_scores = generate(loaded.net, sources, [plain if c is quiet else c for c in mix])
+        without = generate(loaded.net, sources, mix)
+        for config, a, b in zip(mix, with_scores, without, strict=True):
+            assert [h.tokens for h in a] == [h.tokens for h in b]
+            if config is quiet:
+                assert math.isnan(b[0].score) and not math.isnan(a[0].score)
+            else:
+                assert b[0].score == pytest.approx(a[0].score, abs=1e-5)

@@ -88,7 +88,9 @@ async def start(request: Request, req: TranslateRequest, registry: Registry, det
     check_texts(texts, settings.max_texts, settings.max_text_chars)
     html = req.format == "html"
     routing = await route(registry, detector, req.source, req.target, texts, html)
-    return await RoutedTranslation.start(routing, texts, html, req.options.generation(), req.alternatives, stream)
+    # Token log-probs are read only by a stream (each token's logprob) and by return_scores; greedy rows skip them.
+    options = {**req.options.generation(), "scores": stream or req.options.return_scores}
+    return await RoutedTranslation.start(routing, texts, html, options, req.alternatives, stream)
 
 
 async def _disconnected(request: Request) -> None:
