@@ -2,8 +2,10 @@
 
 A `Plan` turns each text into parts (literal strings, or the index of a sentence to translate) and the token ids
 of every sentence, so all sentences of all texts of a request go to the scheduler as one job: a long document is
-batched with itself. `TextStream` turns the job's events, which arrive for many sentences at once, into pieces of
-each text in reading order, so that the pieces of a text concatenate to exactly its non-streamed translation.
+batched with itself. Placeholders and control characters in a sentence are masked before it is tokenized and put
+back into its translation (`server/placeholders.py`). `TextStream` turns the job's events, which arrive for many
+sentences at once, into pieces of each text in reading order, so that the pieces of a text concatenate to exactly
+its non-streamed translation.
 """
 
 from __future__ import annotations
@@ -16,7 +18,8 @@ from model.events import FinishEvent, Hypothesis, TokenEvent
 from model.tokenizer import IncrementalDetokenizer, Tokenizer
 from server.errors import ShuttingDown
 from server.jobs import Job
-from server.text import Sentence, fit, split_html, split_text
+from server.placeholders import Masked, find, mask, unmask
+from server.text import Part, Sentence, fit, split_html, split_text
 
 
 @dataclass
@@ -30,13 +33,21 @@ class Plan:
     texts: list[TextPlan]
     sources: list[list[int]]  # token ids of every sentence, over all texts
     html: bool
+    masks: dict[int, Masked] = field(default_factory=dict)  # the sentences that hold placeholders
+
+    def restore(self, sentence: int, translation: str) -> str:
+        """A sentence's translation with its placeholders put back."""
+        masked = self.masks.get(sentence)
+        return translation if masked is None else unmask(masked, translation)
 
     def input_tokens(self, text: int) -> int:
         return sum(len(self.sources[s]) for s in self.texts[text].sentences)
 
 
-def make_plan(texts: list[str], tokenizer: Tokenizer, html: bool, max_source_tokens: int) -> Plan:
-    """Split texts into sentences that each fit the model, and tokenize them."""
+def make_plan(
+    texts: list[str], tokenizer: Tokenizer, html: bool, max_source_tokens: int, placeholders: bool = True
+) -> Plan:
+    """Split texts into sentences that each fit the model, mask their placeholders, and tokenize them."""
     encoded: dict[str, list[int]] = {}
 
     def encode(sentence: str) -> list[int]:
@@ -48,22 +59,57 @@ def make_plan(texts: list[str], tokenizer: Tokenizer, html: bool, max_source_tok
         return len(encode(sentence)) > max_source_tokens
 
     plan = Plan([], [], html)
+
+    def add(tp: TextPlan, sentence: str, masked: Masked | None) -> None:
+        tp.parts.append(len(plan.sources))
+        tp.sentences.append(len(plan.sources))
+        if masked is not None:
+            plan.masks[len(plan.sources)] = masked
+        plan.sources.append(encode(sentence))
+
     for text in texts:
         segments = split_html(text) if html else [(True, text)]
         tp = TextPlan([])
         for is_text, content in segments:
             parts = split_text(content) if is_text else [content]
             for part in parts:
-                pieces = fit(part.text, too_long) if isinstance(part, Sentence) else [part]
-                for piece in pieces:
-                    if isinstance(piece, str):
-                        tp.parts.append(piece)
-                        continue
-                    tp.parts.append(len(plan.sources))
-                    tp.sentences.append(len(plan.sources))
-                    plan.sources.append(encode(piece.text))
+                if isinstance(part, str):
+                    tp.parts.append(part)
+                    continue
+                masked = mask(part.text) if placeholders else None
+                if masked is not None and not masked.empty and not too_long(masked.text):
+                    add(tp, masked.text, masked)
+                    continue
+                # Too long with placeholders: cut at them (copied as they are), so no cut falls inside one.
+                chunks = _cut_at_placeholders(part.text) if masked is not None and not masked.empty else [part]
+                for chunk in chunks:
+                    for piece in fit(chunk.text, too_long) if isinstance(chunk, Sentence) else [chunk]:
+                        if isinstance(piece, str):  # text of the page in HTML: escaped, as translations are
+                            tp.parts.append(escape(piece, quote=False) if html else piece)
+                        else:
+                            add(tp, piece.text, None)
         plan.texts.append(tp)
     return plan
+
+
+def _cut_at_placeholders(sentence: str) -> list[Part]:
+    """The sentence as literals (its placeholders, with the spaces around them) and the sentences between them."""
+    parts: list[Part] = []
+    at = 0
+    for p in find(sentence):
+        parts.extend(_words(sentence[at:p.start]))
+        parts.append(p.text)
+        at = p.start + len(p.text)
+    parts.extend(_words(sentence[at:]))
+    return parts
+
+
+def _words(chunk: str) -> list[Part]:
+    core = chunk.strip()
+    if not any(c.isalnum() for c in core):
+        return [chunk] if chunk else []
+    head, tail = chunk[: len(chunk) - len(chunk.lstrip())], chunk[len(chunk.rstrip()):]
+    return [x for x in (head, Sentence(core), tail) if x]
 
 
 def join(plan: Plan, text: int, translations: Mapping[int, str]) -> str:
@@ -73,7 +119,8 @@ def join(plan: Plan, text: int, translations: Mapping[int, str]) -> str:
         if isinstance(p, str):
             out.append(p)
         else:
-            out.append(escape(translations[p], quote=False) if plan.html else translations[p])
+            translation = plan.restore(p, translations[p])
+            out.append(escape(translation, quote=False) if plan.html else translation)
     return "".join(out)
 
 
@@ -94,10 +141,13 @@ class TextStream:
 
     Tokens of a sentence that is not yet the current one wait in a buffer; literal text between sentences is
     prepended to the next emitted piece, or sent alone when the text ends. Beam search sentences emit no tokens
-    while decoding, so their best hypothesis is replayed through the detokenizer when they finish.
+    while decoding, so their best hypothesis is replayed through the detokenizer when they finish. A sentence with
+    placeholders is sent whole when it finishes, once they are put back (a mask is never shown).
     """
 
     def __init__(self, plan: Plan, text: int, tokenizer: Tokenizer) -> None:
+        self.plan = plan
+        self.tokenizer = tokenizer
         self.parts = plan.texts[text].parts
         self.html = plan.html
         self.detok: dict[int, IncrementalDetokenizer] = {s: tokenizer.detokenizer() for s in plan.texts[text].sentences}
@@ -121,6 +171,12 @@ class TextStream:
         return self._drain()
 
     def finish(self, sentence: int, best: Hypothesis) -> list[Piece]:
+        if sentence in self.plan.masks:
+            self.pushed[sentence] = len(best.tokens)
+            text = self.plan.restore(sentence, self.tokenizer.decode(best.tokens))
+            self.buffered[sentence] = [Piece(text, None, None)] if text else []
+            self.finished.add(sentence)
+            return self._drain()
         for token in best.tokens[self.pushed[sentence]:]:
             self._push(sentence, token, None)
         tail = self.detok[sentence].flush()
@@ -131,6 +187,8 @@ class TextStream:
 
     def _push(self, sentence: int, token: int, logprob: float | None) -> None:
         self.pushed[sentence] += 1
+        if sentence in self.plan.masks:  # held back until finish() puts the placeholders back
+            return
         text = self.detok[sentence].push(token)
         if text:
             self.buffered[sentence].append(Piece(text, token, logprob))

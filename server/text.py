@@ -14,8 +14,9 @@ from html.parser import HTMLParser
 
 from server.errors import EmptyText, InvalidText, PayloadTooLarge
 
-# C0 controls other than tab/newline/carriage return, DEL, C1 controls, and lone surrogates (from JSON escapes).
-_CONTROL = re.compile(r"[\x00-\x08\x0b\x0c\x0e-\x1f\x7f-\x9f\ud800-\udfff]")
+# NUL and lone surrogates (from JSON escapes) are refused; other control characters (gettext's \x02 marker, an
+# escape sequence) are carried through translation like placeholders (`server/placeholders.py`).
+_REFUSED = re.compile(r"[\x00\ud800-\udfff]")
 _LINE_BREAK = re.compile(r"(\s*[\r\n]\s*)")
 # A sentence ends with terminal punctuation and optional closing quotes or brackets, then whitespace
 # (or no whitespace after the CJK full stops).
@@ -42,15 +43,16 @@ def check_texts(texts: list[str], max_texts: int, max_chars: int, verb: str = "t
 
 
 def check_text(text: str, index: int, max_chars: int, verb: str = "translate") -> None:
-    """Refuse empty, whitespace-only, too long texts and texts with control characters."""
+    """Refuse empty, whitespace-only, too long texts and texts with NUL or lone surrogates."""
     where = f"q[{index}]"
     if not text.strip():
         raise EmptyText(f"{where} is empty; there is nothing to {verb}")
     if len(text) > max_chars:
         raise PayloadTooLarge(f"{where} has {len(text)} characters; the limit is {max_chars}")
-    bad = _CONTROL.search(text)
+    bad = _REFUSED.search(text)
     if bad:
-        raise InvalidText(f"{where} contains the control character U+{ord(bad.group()):04X} at {bad.start()}")
+        what = "the character" if bad.group() > "\x00" else "the control character"
+        raise InvalidText(f"{where} contains {what} U+{ord(bad.group()):04X} at {bad.start()}")
 
 
 def split_sentences(line: str) -> list[Part]:

@@ -195,7 +195,8 @@ def test_frontend_settings(client: TestClient) -> None:
     assert r.json() == {
         "charLimit": 2000, "frontendTimeout": 500, "apiKeys": False, "keyRequired": False, "suggestions": False,
         "filesTranslation": True,
-        "supportedFilesFormat": [".txt", ".html", ".htm", ".docx", ".pptx", ".odt", ".odp", ".epub", ".srt", ".vtt"],
+        "supportedFilesFormat": [".txt", ".html", ".htm", ".docx", ".pptx", ".odt", ".odp", ".epub", ".srt", ".vtt",
+                                 ".po", ".pot", ".xliff", ".xlf"],
         "language": {"source": {"code": "auto", "name": "Auto Detect"}, "target": {"code": "pt", "name": "Portuguese"}},
     }
 

@@ -410,7 +410,7 @@ def test_frontend_settings_list_the_formats(client: TestClient, tiny_model_dir: 
     settings = client.get("/frontend/settings").json()
     assert settings["filesTranslation"] is True
     assert settings["supportedFilesFormat"] == [".txt", ".html", ".htm", ".docx", ".pptx", ".odt", ".odp", ".epub",
-                                                ".srt", ".vtt"]
+                                                ".srt", ".vtt", ".po", ".pot", ".xliff", ".xlf"]
     with TestClient(create_app(server_settings(tiny_model_dir, files=False, scheduler_process=False))) as off:
         settings = off.get("/frontend/settings").json()
         assert (settings["filesTranslation"], settings["supportedFilesFormat"]) == (False, [])

@@ -12,9 +12,11 @@ from dataclasses import dataclass
 from server.documents.archive import Limits
 from server.documents.document import Document, Reader
 from server.documents.epub import read_epub
+from server.documents.gettext import read_po
 from server.documents.office import read_docx, read_odp, read_odt, read_pptx
 from server.documents.plain import read_html, read_txt
 from server.documents.subtitles import read_srt, read_vtt
+from server.documents.xliff import read_xliff
 from server.errors import UnsupportedFormat
 
 __all__ = ["FORMATS", "Document", "Format", "Limits", "extensions", "find_format"]
@@ -37,6 +39,8 @@ FORMATS = (
     Format((".epub",), "application/epub+zip", read_epub),
     Format((".srt",), "application/x-subrip; charset=utf-8", read_srt),
     Format((".vtt",), "text/vtt; charset=utf-8", read_vtt),
+    Format((".po", ".pot"), "text/x-gettext-translation; charset=utf-8", read_po),
+    Format((".xliff", ".xlf"), "application/xliff+xml", read_xliff),
 )
 
 
