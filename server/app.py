@@ -20,7 +20,7 @@ from server.errors import DisconnectGuard, install_handlers
 from server.metrics import Metrics, MetricsMiddleware
 from server.ratelimit import RateLimiter
 from server.registry import Registry
-from server.routes import detect, files, frontend, health, info, page, translate
+from server.routes import detect, documents, files, frontend, health, info, page, translate
 from server.routes import settings as settings_routes
 from server.schemas import DetectRequest, SettingsUpdate, TranslateRequest
 from server.settings import Settings
@@ -34,15 +34,20 @@ async def lifespan(app: FastAPI) -> AsyncIterator[None]:
     registry = Registry(settings, app.state.metrics)
     supervisor: asyncio.Task[None] | None = None
     store = FileStore(settings.file_ttl, settings.file_store_bytes, settings.file_dir)
+    jobs: documents.DocumentJobs | None = None
     try:
         await run_in_threadpool(registry.start)  # starting batchers blocks; the event loop stays free
         app.state.detector = LazyDetector(registry.sources())  # its model loads when it is first needed
         app.state.files = store
+        app.state.documents = jobs = documents.DocumentJobs(store, settings.max_document_jobs, settings.file_ttl,
+                                                            settings.retry_after)
         app.state.registry = registry
         supervisor = asyncio.create_task(registry.supervise(app.state.settings.watchdog_interval))
         yield
     finally:
-        app.state.registry = app.state.detector = app.state.files = None
+        app.state.registry = app.state.detector = app.state.files = app.state.documents = None
+        if jobs is not None:
+            await jobs.close()  # documents still translating are cancelled before their schedulers stop
         if supervisor is not None:
             supervisor.cancel()
         registry.stop()
@@ -75,10 +80,10 @@ def create_app(config: Settings | None = None) -> FastAPI:
                   description="Self-hosted machine translation, LibreTranslate-compatible, with streaming.")
     app.state.settings = config
     app.state.metrics = metrics = Metrics()
-    app.state.registry = app.state.detector = app.state.files = None
+    app.state.registry = app.state.detector = app.state.files = app.state.documents = None
     app.state.rate_limiter = RateLimiter(config.rate_limit, config.rate_limit_storage) if config.rate_limit else None
     install_handlers(app)
-    for module in (translate, files, detect, info, settings_routes, frontend, health, page):
+    for module in (translate, files, documents, detect, info, settings_routes, frontend, health, page):
         app.include_router(module.router)
     app.add_middleware(DisconnectGuard)
     app.add_middleware(MetricsMiddleware, metrics=metrics)

@@ -74,6 +74,8 @@ class Settings(BaseSettings):
                                   "once; the oldest are dropped first")
     file_dir: Path | None = Field(default=None, description="where translated files are kept (in a directory of "
                                   "their own, removed at stop); None = the system's temporary directory")
+    max_document_jobs: int = Field(default=8, ge=1, description="documents queued or translating at once through "
+                                   "POST /documents (all clients together); beyond it 429")
 
     # HTTP
     cors_origins: Annotated[list[str], NoDecode] = Field(default_factory=list, description="empty = CORS off")
@@ -106,5 +108,6 @@ class Settings(BaseSettings):
                 "batching", "max_batch_rows", "max_source_tokens", "max_queue", "request_timeout", "max_text_chars",
                 "max_texts", "max_body_bytes", "max_new_tokens", "max_beam_size", "max_alternatives", "files",
                 "max_file_bytes", "max_file_chars", "max_file_expanded_bytes", "max_file_entries", "file_ttl",
+                "max_document_jobs",
             }
         ) | {"api_key_required": bool(self.api_keys), "rate_limit": self.rate_limit}

@@ -69,6 +69,17 @@ class FileStore:
             raise NotFound("no such file: it has expired, or it never existed")
         return found
 
+    def pop(self, file_id: str) -> tuple[StoredFile, bytes]:
+        """The file with this id and its bytes, removed from the store (a result handed out once); 404 when gone."""
+        with self._lock:
+            self._expire(time.monotonic())
+            found = self._files.get(file_id)
+            if found is None:
+                raise NotFound("no such file: it has expired, or it never existed")
+            data = found.path.read_bytes()
+            self._drop(file_id)
+        return found, data
+
     def close(self) -> None:
         shutil.rmtree(self.directory, ignore_errors=True)
 

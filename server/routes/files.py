@@ -28,10 +28,11 @@ from server.deps import (
 )
 from server.detect import MAX_CHARS, Detection, LazyDetector
 from server.documents import Document, Format, Limits, find_format
+from server.documents.store import FileStore
 from server.errors import EmptyText, Forbidden, InvalidRequest, NotFound, PayloadTooLarge
 from server.registry import Registry
 from server.routes.translate import unless_disconnected
-from server.routing import RoutedTranslation, route, visible_text
+from server.routing import RoutedTranslation, Routing, route, visible_text
 from server.schemas import DetectedLanguage, FileTranslation, error_responses
 from server.settings import Settings
 
@@ -66,10 +67,12 @@ class Upload:
     source: str
     target: str | None
     api_key: str | None
+    fields: dict[str, str]  # every text field of the form (POST /documents reads DeepL's names from it)
 
 
 async def read_upload(request: Request, settings: Settings) -> Upload:
-    """The multipart form as LibreTranslate's page sends it: `file`, `source`, `target`, `api_key`."""
+    """The multipart form as LibreTranslate's page sends it: `file`, `source`, `target`, `api_key` (and `filename`,
+    DeepL's name for the file when its part has none)."""
     if not request.headers.get("content-type", "").startswith("multipart/form-data"):
         raise InvalidRequest("send the file as multipart/form-data, in a field named file")
     body = await read_body(request, settings.max_file_bytes + FORM_OVERHEAD)
@@ -82,18 +85,20 @@ async def read_upload(request: Request, settings: Settings) -> Upload:
         fields = {key: value for key, value in reversed(form.multi_items()) if isinstance(value, str)}
     finally:
         await form.close()
-    if not upload.filename:
+    filename = upload.filename or fields.get("filename")
+    if not filename:
         raise InvalidRequest("Invalid request: empty file name")
     if len(data) > settings.max_file_bytes:
         raise PayloadTooLarge(f"file of {len(data)} bytes; the limit is {settings.max_file_bytes}")
     if not data:
-        raise EmptyText(f"{upload.filename} is empty; there is nothing to translate")
-    return Upload(upload.filename, data, fields.get("source") or "auto", fields.get("target") or None,
-                  fields.get("api_key") or None)
+        raise EmptyText(f"{filename} is empty; there is nothing to translate")
+    return Upload(filename, data, fields.get("source") or "auto", fields.get("target") or None,
+                  fields.get("api_key") or None, fields)
 
 
-def read_document(fmt: Format, upload: Upload, limits: Limits, max_chars: int) -> tuple[Document, str]:
-    """The document's texts within the limit of characters, and the start of its text (for detection)."""
+def read_document(fmt: Format, upload: Upload, limits: Limits, max_chars: int) -> tuple[Document, str, int]:
+    """The document's texts within the limit of characters, the start of its text (for detection), and its number
+    of characters to translate."""
     document = fmt.read(upload.data, upload.filename, limits)
     visible = [visible_text(text, html=True) for text in document.texts]
     chars = sum(len(v) for v in visible)
@@ -102,7 +107,7 @@ def read_document(fmt: Format, upload: Upload, limits: Limits, max_chars: int) -
     if chars > max_chars:
         raise PayloadTooLarge(f"{upload.filename} has {chars} characters to translate; the limit is {max_chars}")
     sample = " ".join(v.strip() for v in visible if v.strip())[:MAX_CHARS]
-    return document, sample
+    return document, sample, chars
 
 
 async def detect_source(registry: Registry, detector: LazyDetector, target: str | None,
@@ -126,6 +131,50 @@ def download_name(filename: str, target: str, ext: str) -> str:
     return f"{safe(stem) or 'document'}_{safe(target) or 'translated'}{ext}"
 
 
+@dataclass
+class PreparedFile:
+    """An upload read into texts and routed to its model: everything checked, nothing queued yet."""
+
+    upload: Upload
+    fmt: Format
+    ext: str
+    document: Document
+    characters: int  # to translate (text, not markup)
+    routing: Routing
+    detected: Detection | None  # when the source was auto
+
+    @property
+    def name(self) -> str:
+        """What the translated file is downloaded as."""
+        return download_name(self.upload.filename, self.routing.routes[0].served.target, self.ext)
+
+
+async def prepare_file(upload: Upload, registry: Registry, detector: LazyDetector,
+                       settings: Settings) -> PreparedFile:
+    """Read the file into texts (in a worker thread) and find its model; every refusal of a file happens here."""
+    fmt, ext = find_format(upload.filename)
+    limits = Limits(settings.max_file_expanded_bytes, settings.max_file_entries)
+    document, sample, chars = await run_in_threadpool(read_document, fmt, upload, limits, settings.max_file_chars)
+    detected = None
+    source = upload.source
+    if source == "auto":
+        detected = await detect_source(registry, detector, upload.target, sample)
+        source = detected.language
+    routing = await route(registry, detector, source, upload.target, document.texts, html=True)
+    return PreparedFile(upload, fmt, ext, document, chars, routing, detected)
+
+
+async def start_translation(prepared: PreparedFile) -> RoutedTranslation:
+    """Queue the document's texts as one request of /translate's HTML path (429 when the queue is full)."""
+    return await RoutedTranslation.start(prepared.routing, prepared.document.texts, True, {}, 0, stream=False)
+
+
+async def store_translation(prepared: PreparedFile, files: FileStore, texts: list[str]) -> str:
+    """Put the translations back into the file (in a worker thread) and keep it; its id in the store."""
+    data = await run_in_threadpool(prepared.document.rebuild, texts)
+    return await run_in_threadpool(files.put, prepared.name, prepared.fmt.media_type, data)
+
+
 @router.post("/translate_file", response_model=FileTranslation, response_model_exclude_none=True,
              openapi_extra={"requestBody": REQUEST_BODY},
              responses=error_responses(400, 401, 403, 413, 429, 500, 503, 504))
@@ -136,25 +185,16 @@ async def translate_file(request: Request, registry: RegistryDep, detector: Dete
         raise Forbidden("Files translation are disabled on this server.")
     upload = await read_upload(request, settings)
     admit_client(request, settings, upload.api_key)
-    fmt, ext = find_format(upload.filename)
-    limits = Limits(settings.max_file_expanded_bytes, settings.max_file_entries)
-    document, sample = await run_in_threadpool(read_document, fmt, upload, limits, settings.max_file_chars)
-    detected = None
-    source = upload.source
-    if source == "auto":
-        detected = await detect_source(registry, detector, upload.target, sample)
-        source = detected.language
-    routing = await route(registry, detector, source, upload.target, document.texts, html=True)
-    translation = await RoutedTranslation.start(routing, document.texts, True, {}, 0, stream=False)
+    prepared = await prepare_file(upload, registry, detector, settings)
+    translation = await start_translation(prepared)
     try:
         results = await unless_disconnected(request, translation.results())
     finally:
         translation.cancel()
-    data = await run_in_threadpool(document.rebuild, [r.text for r in results])
-    name = download_name(upload.filename, routing.routes[0].served.target, ext)
-    file_id = await run_in_threadpool(files.put, name, fmt.media_type, data)
+    file_id = await store_translation(prepared, files, [r.text for r in results])
+    detected = prepared.detected
     return FileTranslation(
-        translatedFileUrl=str(request.url_for("download_file", name=f"{file_id}.{name}")),
+        translatedFileUrl=str(request.url_for("download_file", name=f"{file_id}.{prepared.name}")),
         detectedLanguage=DetectedLanguage(confidence=detected.confidence, language=detected.language)
         if detected else None,
     )
