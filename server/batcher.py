@@ -21,7 +21,6 @@ import os
 import queue
 import threading
 import time
-from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -34,6 +33,7 @@ from model.search import admissible, step
 from server.errors import EngineFailure, ShuttingDown, TimedOut, TolkError
 from server.messages import Cancel, Command, Exited, Output, Stop, Submit
 from server.settings import Settings
+from server.waiting import Pending, Waiting
 
 log = logging.getLogger(__name__)
 
@@ -54,14 +54,6 @@ class _Record:
     skip: dict[int, int] = field(default_factory=dict)  # tokens of a sentence decoded again to drop, not resend
 
 
-@dataclass(frozen=True)
-class _Pending:
-    request: int
-    sentence: int
-    beam: int
-    tokens: int
-
-
 class Batcher:
     """Owns one model's DecodeBatch and the thread that drives it; one instance runs one thread, once."""
 
@@ -76,7 +68,7 @@ class Batcher:
         self.recover_steps = 256  # steps without a fault before the row limit and admission cap double again
         self._emit = emit
         self._inbox: queue.SimpleQueue[Command] = queue.SimpleQueue()
-        self._waiting: deque[_Pending] = deque()
+        self._waiting = Waiting()  # requests take turns (server/waiting.py)
         self._records: dict[int, _Record] = {}
         self._out = Output()
         self._gauges: tuple[int, int] = (0, 0)  # (running, waiting) as last sent
@@ -195,7 +187,7 @@ class Batcher:
             block = False
             if isinstance(command, Submit):
                 self._records[command.request] = _Record(command, time.monotonic())
-                self._waiting.extend(_Pending(command.request, i, c.beam_size, len(src)) for i, (src, c) in
+                self._waiting.add(Pending(command.request, i, c.beam_size, len(src)) for i, (src, c) in
                                      enumerate(zip(command.sources, command.configs, strict=True)))
             elif isinstance(command, Cancel):
                 self._close(command.request, None)
@@ -213,21 +205,22 @@ class Batcher:
             for i in range(rec.admitted):
                 self.batch.cancel((request, i))
             self._out.stats.rows_used = self.batch.n
-        self._waiting = deque(p for p in self._waiting if p.request != request)
+        self._waiting.drop(request)
         self._out.left += len(rec.submit.sources) - rec.admitted
         if error is not None:
             self._out.events[request] = [error]
 
     def _admit(self, batch: DecodeBatch) -> bool:
-        """Admit waiting sentences in arrival order while rows and the token budget allow; whether any joined."""
+        """Admit waiting sentences, the waiting requests in turn, while rows and the token budget allow; whether any
+        joined."""
         if not self.settings.batching and len(batch):
             return False
         count = admissible(
-            ((p.beam, p.tokens) for p in self._waiting), min(batch.free_rows, self._row_limit - batch.n),
+            ((p.beam, p.tokens) for p in self._waiting.order()), min(batch.free_rows, self._row_limit - batch.n),
             max_tokens=self.settings.max_admit_tokens,
             max_items=1 if not self.settings.batching else self._admit_cap or None,
             batch_empty=not len(batch), total_free_rows=batch.free_rows)
-        items = [self._waiting.popleft() for _ in range(count)]
+        items = self._waiting.take(count)
         if not items:
             return False
         try:
@@ -252,13 +245,13 @@ class Batcher:
         self._out.stats.rows_used = batch.n
         return True
 
-    def _admitting_out_of_memory(self, items: list[_Pending]) -> None:
+    def _admitting_out_of_memory(self, items: list[Pending]) -> None:
         """Retry with half of the sentences at the next turn; a single sentence that does not fit fails alone."""
         self._admit_cap = len(items) // 2
         self._calm_steps = 0
         self._count_oom(f"admitting {len(items)} sentences")
         if items[1:]:
-            self._waiting.extendleft(reversed(items))
+            self._waiting.push_front(items)
             return
         self._close(items[0].request, EngineFailure("out of memory translating this sentence"))
         self._admit_cap = 1
@@ -323,8 +316,8 @@ class Batcher:
             rec = self._records[request]
             rec.skip[sentence] = rec.emitted.get(sentence, 0)
             rec.last_token.pop(sentence, None)
-            again.append(_Pending(request, sentence, seq.beam, seq.src_len))
-        self._waiting.extendleft(again)  # `again` is newest first: extendleft puts the oldest at the head
+            again.append(Pending(request, sentence, seq.beam, seq.src_len))
+        self._waiting.push_front(again[::-1])  # `again` is newest first; the oldest goes to the head
         self._row_limit = max(1, batch.n)
         self._calm_steps = 0
         self._out.stats.rows_used = batch.n
