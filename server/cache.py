@@ -9,8 +9,9 @@ decoded without streaming serves later streamed requests only once a streamed de
 
 from __future__ import annotations
 
+import math
 import threading
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from cachetools import LRUCache
 
@@ -20,11 +21,26 @@ from model.generation import GenerationConfig
 CacheKey = tuple[tuple[int, ...], GenerationConfig]
 
 
+# The cache is bounded by tokens, not entries alone: a beam's n-best of long sentences is far bigger than a UI string.
+TOKENS_PER_ENTRY = 64
+
+
 @dataclass(frozen=True)
 class Entry:
     hypotheses: list[Hypothesis]  # best first
     finish_reason: str
     logprobs: tuple[float, ...] | None  # per token of the best hypothesis, when it was decoded streaming
+    size: int  # tokens held: the source, every hypothesis and the log-probs
+
+    @property
+    def scored(self) -> bool:
+        """Whether the hypotheses carry scores (a decode with `scores=False` leaves them NaN)."""
+        return not math.isnan(self.hypotheses[0].score)
+
+    @property
+    def rank(self) -> int:
+        """What it can answer: 0 requests without scores, 1 with scores too, 2 streams as well."""
+        return 2 if self.logprobs is not None else int(self.scored)
 
     def events(self, request: int, sentence: int, stream: bool) -> list[Event]:
         """The events a decode of this sentence sends: its tokens (streamed, without beams), then its finish."""
@@ -37,8 +53,12 @@ class Entry:
 
 
 def cache_key(source: list[int], config: GenerationConfig) -> CacheKey | None:
-    """The key of a sentence, or None when its translation must not be reused (sampling)."""
-    return None if config.do_sample else (tuple(source), config)
+    """The key of a sentence, or None when its translation must not be reused (sampling).
+
+    `scores` only says whether log-probs are computed, not which tokens come out, so it is not part of the key: the
+    entry says what it holds (`Entry.rank`).
+    """
+    return None if config.do_sample else (tuple(source), replace(config, scores=True))
 
 
 def streams_tokens(config: GenerationConfig) -> bool:
@@ -47,35 +67,39 @@ def streams_tokens(config: GenerationConfig) -> bool:
 
 
 class TranslationCache:
-    """A bounded LRU map from sentences to their finished translations; safe to use from several threads."""
+    """An LRU map from sentences to their finished translations, safe to use from several threads, bounded by
+    `entries` x TOKENS_PER_ENTRY tokens (sources and translations together)."""
 
     def __init__(self, entries: int) -> None:
-        self._lru: LRUCache[CacheKey, Entry] = LRUCache(maxsize=max(entries, 1))
+        self._lru: LRUCache[CacheKey, Entry] = LRUCache(maxsize=max(entries, 1) * TOKENS_PER_ENTRY,
+                                                        getsizeof=lambda e: e.size)
         self.enabled = entries > 0
         self._lock = threading.Lock()
 
-    def get(self, key: CacheKey | None, stream: bool) -> Entry | None:
-        """The entry that can answer this sentence: with token log-probs when it must stream tokens."""
+    def get(self, key: CacheKey | None, stream: bool, scores: bool = True) -> Entry | None:
+        """The entry that can answer this sentence: with scores when they are asked for, with token log-probs when
+        it must stream tokens."""
         if key is None or not self.enabled:
             return None
         with self._lock:
             entry = self._lru.get(key)
-        if entry is None or (stream and streams_tokens(key[1]) and entry.logprobs is None):
-            return None
-        return entry
+        need = 2 if stream and streams_tokens(key[1]) else int(scores)
+        return entry if entry is not None and entry.rank >= need else None
 
     def put(self, key: CacheKey, event: FinishEvent, logprobs: list[float] | None) -> None:
-        """Keep a finished sentence; an entry with token log-probs is never replaced by one without."""
+        """Keep a finished sentence; an entry is never replaced by one that can answer less (`Entry.rank`)."""
         if not self.enabled:
             return
         if logprobs is not None and len(logprobs) != len(event.hypotheses[0].tokens):
             logprobs = None  # tokens that never streamed (cannot happen for a whole decode; be safe)
+        size = len(key[0]) + sum(len(h.tokens) for h in event.hypotheses) + len(logprobs or ()) + 1
+        if size > self._lru.maxsize:
+            return  # larger than the whole cache
+        entry = Entry(event.hypotheses, event.finish_reason, tuple(logprobs) if logprobs is not None else None, size)
         with self._lock:
             old = self._lru.get(key)
-            if old is not None and old.logprobs is not None and logprobs is None:
-                return
-            self._lru[key] = Entry(event.hypotheses, event.finish_reason,
-                                   tuple(logprobs) if logprobs is not None else None)
+            if old is None or old.rank <= entry.rank:
+                self._lru[key] = entry
 
     def __len__(self) -> int:
         return len(self._lru)

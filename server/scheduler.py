@@ -118,7 +118,7 @@ class Scheduler:
         # Samples get their seed now, so that a sentence decoded again after an out-of-memory error comes out the same.
         configs = [c.update(seed=random.getrandbits(62)) if c.do_sample and c.seed is None else c for c in configs]
         keys = [cache_key(src, c) for src, c in zip(sources, configs, strict=True)]
-        hits = {i: e for i, key in enumerate(keys) if (e := self.cache.get(key, stream)) is not None}
+        hits = {i: e for i, key in enumerate(keys) if (e := self.cache.get(key, stream, configs[i].scores)) is not None}
         first: dict[CacheKey, int] = {}  # a sentence repeated within the request is decoded once
         copies: dict[int, list[int]] = {}
         sent = []

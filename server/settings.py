@@ -50,7 +50,8 @@ class Settings(BaseSettings):
                                      "dead scheduler thread")
     translation_cache_entries: int = Field(default=10000, ge=0, description="finished sentences kept per model "
                                            "and answered again without decoding (same source, same settings; "
-                                           "sampling is never kept); 0 = off")
+                                           "sampling is never kept), bounded as this many sentences of 64 tokens "
+                                           "(source and translations); 0 = off")
     retry_after: int = Field(default=1, ge=1, description="seconds suggested in Retry-After with a 429")
 
     # Limits of requests

@@ -126,15 +126,19 @@ def test_other_settings_are_other_entries(cached: TestClient) -> None:
 def test_the_cache_is_bounded_and_can_be_off() -> None:
     config = GenerationConfig()
     finish = FinishEvent(0, 0, [Hypothesis([5, 6], -1.0, "eos")], "eos")
-    lru = TranslationCache(2)
-    for i in range(3):
+    lru = TranslationCache(1)  # 64 tokens; each entry holds 7: source 2, translation 2, log-probs 2, and 1
+    for i in range(10):
         lru.put(cache_key([i, 2], config), finish, [-0.5, -0.5])
-    assert len(lru) == 2 and lru.get(cache_key([0, 2], config), stream=False) is None  # the oldest went
-    hit = lru.get(cache_key([2, 2], config), stream=True)
+    assert len(lru) == 9 and lru.get(cache_key([0, 2], config), stream=False) is None  # the oldest went
+    assert lru.get(cache_key([1, 2], config), stream=False) is not None
+    long = FinishEvent(0, 0, [Hypothesis(list(range(100)), -1.0, "eos")], "eos")
+    lru.put(cache_key([3, 3], config), long, None)  # bigger than the whole cache: not kept, nothing evicted
+    assert lru.get(cache_key([3, 3], config), stream=False) is None and len(lru) == 9
+    hit = lru.get(cache_key([9, 2], config), stream=True)
     assert hit is not None and hit.events(7, 1, stream=True) == [TokenEvent(7, 1, 5, -0.5), TokenEvent(7, 1, 6, -0.5),
                                                                   FinishEvent(7, 1, finish.hypotheses, "eos")]
-    lru.put(cache_key([2, 2], config), finish, None)  # a decode without streaming never drops the log-probs
-    assert lru.get(cache_key([2, 2], config), stream=True) is not None
+    lru.put(cache_key([9, 2], config), finish, None)  # a decode without streaming never drops the log-probs
+    assert lru.get(cache_key([9, 2], config), stream=True) is not None
     off = TranslationCache(0)
     off.put(cache_key([1, 2], config), finish, None)
     assert off.get(cache_key([1, 2], config), stream=False) is None
@@ -157,3 +161,21 @@ def test_a_sentence_repeated_within_a_request_is_decoded_once(cached: TestClient
     assert metric(cached, admitted) - before == once  # two sentences admitted, not four
     text = "Go back. Go back. Stop here. Go back."
     assert stream(cached, text) == stream(uncached, text)
+
+
+def test_requests_with_and_without_scores_share_entries(cached: TestClient, uncached: TestClient) -> None:
+    text = "Empty the trash now."
+    stream(cached, text)  # decoded with every token's log-probability: answers anything
+    steps = decode_steps(cached)
+    assert post(cached, text) == post(uncached, text)
+    assert post(cached, text, return_scores=True) == post(uncached, text, return_scores=True)
+    assert decode_steps(cached) == steps
+    other = "Rename the old file."
+    post(cached, other)  # decoded without scores (nobody reads them)
+    steps = decode_steps(cached)
+    assert post(cached, other, return_scores=True) == post(uncached, other, return_scores=True)
+    assert decode_steps(cached) > steps  # the entry had no scores: decoded again, and kept with them
+    steps = decode_steps(cached)
+    post(cached, other)
+    post(cached, other, return_scores=True)
+    assert decode_steps(cached) == steps
