@@ -194,7 +194,8 @@ class Batcher:
 
     def _expire(self, now: float) -> None:
         for request in [r for r, rec in self._records.items() if now > rec.submit.deadline]:
-            self._close(request, TimedOut(f"the request did not finish within {self.settings.request_timeout:g} s"))
+            timeout = self._records[request].submit.timeout
+            self._close(request, TimedOut(f"the request did not finish within {timeout:g} s"))
 
     def _close(self, request: int, error: TolkError | None, release: bool = True) -> None:
         """End a request early: free its rows (unless the batch is being rebuilt) and say why."""

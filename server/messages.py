@@ -38,6 +38,7 @@ class Submit:
     configs: list[GenerationConfig]
     stream: bool
     deadline: float  # time.monotonic() after which the request fails with a 504 (one clock: same host)
+    timeout: float  # the seconds that deadline allowed, for the error's message
 
 
 @dataclass(frozen=True)

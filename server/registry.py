@@ -81,14 +81,14 @@ class ServedModel:
         }
 
     async def translate(self, texts: list[str], html: bool, options: dict[str, Any], alternatives: int,
-                        stream: bool) -> Translation:
+                        stream: bool, timeout: float | None = None) -> Translation:
         """Plan the texts (in a worker thread: long documents), then queue all their sentences as one job."""
         config = limits.request_config(self.defaults, options, alternatives, self.scheduler.settings)
         tokenizer = self.meta.tokenizer
         plan = await run_in_threadpool(make_plan, texts, tokenizer, html, self.scheduler.max_source_tokens)
         job = None
         if plan.sources:
-            job = self.scheduler.submit(plan.sources, [config] * len(plan.sources), stream=stream)
+            job = self.scheduler.submit(plan.sources, [config] * len(plan.sources), stream=stream, timeout=timeout)
         return Translation(plan, job, tokenizer, alternatives)
 
 

@@ -75,13 +75,13 @@ class RoutedTranslation:
 
     @classmethod
     async def start(cls, routing: Routing, texts: list[str], html: bool, options: dict[str, Any],
-                    alternatives: int, stream: bool) -> RoutedTranslation:
+                    alternatives: int, stream: bool, timeout: float | None = None) -> RoutedTranslation:
         """Queue each route's texts with its model; if one refuses (429, bad settings), the others are cancelled."""
         parts: list[tuple[list[int], Translation]] = []
         try:
             for r in routing.routes:
                 translation = await r.served.translate([texts[i] for i in r.indices], html, options, alternatives,
-                                                       stream)
+                                                       stream, timeout)
                 parts.append((r.indices, translation))
         except BaseException:
             for _, translation in parts:

@@ -111,8 +111,12 @@ class Scheduler:
         self.transport.stop()
         self._fail_all(ShuttingDown("the server is shutting down"))
 
-    def submit(self, sources: list[list[int]], configs: list[GenerationConfig], stream: bool = False) -> Job:
-        """Queue a request's sentences; raises NotReady, or Overloaded (429) when the queue is full."""
+    def submit(self, sources: list[list[int]], configs: list[GenerationConfig], stream: bool = False,
+               timeout: float | None = None) -> Job:
+        """Queue a request's sentences; raises NotReady, or Overloaded (429) when the queue is full.
+
+        The job fails with 504 after `timeout` seconds (default: the settings' request_timeout).
+        """
         if not self.running:
             raise NotReady(f"model {self.name} is not running")
         # Samples get their seed now, so that a sentence decoded again after an out-of-memory error comes out the same.
@@ -148,8 +152,9 @@ class Scheduler:
             job.put([event for i, entry in hits.items() for event in entry.events(job.request, i, stream)])
         if not sent:
             return job
-        deadline = time.monotonic() + self.settings.request_timeout
-        submit = Submit(job.request, [sources[i] for i in sent], [configs[i] for i in sent], stream, deadline)
+        timeout = timeout if timeout is not None else self.settings.request_timeout
+        submit = Submit(job.request, [sources[i] for i in sent], [configs[i] for i in sent], stream,
+                        time.monotonic() + timeout, timeout)
         if not self.transport.send(submit):
             self._forget(job.request)
             raise NotReady(f"model {self.name} is not running")

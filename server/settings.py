@@ -71,6 +71,8 @@ class Settings(BaseSettings):
                                          "(docx, pptx, odt, odp, epub) once decompressed, all entries together")
     max_file_entries: int = Field(default=2000, ge=1, description="entries in a zipped document")
     file_ttl: float = Field(default=1800.0, gt=0, description="seconds a translated file can be downloaded")
+    file_timeout: float = Field(default=1800.0, gt=0, description="seconds a file's translation may wait and decode "
+                                "before it fails with 504 (TOLK_REQUEST_TIMEOUT is for requests of texts)")
     file_store_bytes: int = Field(default=512 << 20, ge=1024, description="bytes of translated files kept at "
                                   "once; the oldest are dropped first")
     file_dir: Path | None = Field(default=None, description="where translated files are kept (in a directory of "
@@ -109,6 +111,7 @@ class Settings(BaseSettings):
                 "batching", "max_batch_rows", "max_source_tokens", "max_queue", "request_timeout", "max_text_chars",
                 "max_texts", "max_body_bytes", "max_new_tokens", "max_beam_size", "max_alternatives", "files",
                 "max_file_bytes", "max_file_chars", "max_file_expanded_bytes", "max_file_entries", "file_ttl",
+                "file_timeout",
                 "max_document_jobs",
             }
         ) | {"api_key_required": bool(self.api_keys), "rate_limit": self.rate_limit}

@@ -465,3 +465,13 @@ def test_the_store_keeps_within_its_bound(tmp_path: Path) -> None:
     assert [p.name for p in store.directory.iterdir()] == [new]
     store.close()
     assert not store.directory.exists()
+
+
+def test_a_file_has_its_own_timeout(tiny_model_dir: Path) -> None:
+    """TOLK_FILE_TIMEOUT, not a text request's TOLK_REQUEST_TIMEOUT, bounds a document's translation."""
+    text = "Open the file. Save the changes. Close the window.\nPrint the page.\n"
+    settings = server_settings(tiny_model_dir, request_timeout=0.001, file_timeout=120)
+    with TestClient(create_app(settings)) as c:
+        r = c.post("/translate", json={"q": text, "source": "en", "target": "pt"})
+        assert r.status_code == 504 and r.json()["error_type"] == "timeout"
+        assert upload(c, "notes.txt", text.encode(), source="en", target="pt")["translatedFileUrl"]

@@ -142,6 +142,7 @@ class PreparedFile:
     characters: int  # to translate (text, not markup)
     routing: Routing
     detected: Detection | None  # when the source was auto
+    timeout: float  # seconds its translation may take (the settings' file_timeout)
 
     @property
     def name(self) -> str:
@@ -161,12 +162,14 @@ async def prepare_file(upload: Upload, registry: Registry, detector: LazyDetecto
         detected = await detect_source(registry, detector, upload.target, sample)
         source = detected.language
     routing = await route(registry, detector, source, upload.target, document.texts, html=True)
-    return PreparedFile(upload, fmt, ext, document, chars, routing, detected)
+    return PreparedFile(upload, fmt, ext, document, chars, routing, detected, settings.file_timeout)
 
 
 async def start_translation(prepared: PreparedFile) -> RoutedTranslation:
-    """Queue the document's texts as one request of /translate's HTML path (429 when the queue is full)."""
-    return await RoutedTranslation.start(prepared.routing, prepared.document.texts, True, {}, 0, stream=False)
+    """Queue the document's texts as one request of /translate's HTML path (429 when the queue is full); nobody
+    reads a document's scores, and it may take `file_timeout` rather than a request's timeout."""
+    return await RoutedTranslation.start(prepared.routing, prepared.document.texts, True, {"scores": False}, 0,
+                                         stream=False, timeout=prepared.timeout)
 
 
 async def store_translation(prepared: PreparedFile, files: FileStore, texts: list[str]) -> str:
