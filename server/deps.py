@@ -45,24 +45,26 @@ async def get_metrics(request: Request) -> Metrics:
     return metrics
 
 
-async def get_registry(request: Request) -> Registry:
-    registry: Registry | None = getattr(request.app.state, "registry", None)
-    if registry is None:
+def started(request: Request, name: str) -> Any:
+    """What the lifespan put on the app's state under `name`; 503 while the server is still starting."""
+    value = getattr(request.app.state, name, None)
+    if value is None:
         raise NotReady("the server is starting")
+    return value
+
+
+async def get_registry(request: Request) -> Registry:
+    registry: Registry = started(request, "registry")
     return registry
 
 
 async def get_detector(request: Request) -> LazyDetector:
-    detector: LazyDetector | None = getattr(request.app.state, "detector", None)
-    if detector is None:
-        raise NotReady("the server is starting")
+    detector: LazyDetector = started(request, "detector")
     return detector
 
 
 async def get_files(request: Request) -> FileStore:
-    files: FileStore | None = getattr(request.app.state, "files", None)
-    if files is None:
-        raise NotReady("the server is starting")
+    files: FileStore = started(request, "files")
     return files
 
 

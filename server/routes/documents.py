@@ -31,6 +31,7 @@ from server.deps import (
     check_api_key,
     get_settings,
     parse_request,
+    started,
 )
 from server.documents.store import FileStore
 from server.errors import (
@@ -206,9 +207,7 @@ async def collect(translation: RoutedTranslation, job: DocumentJob) -> list[str]
 
 
 async def get_documents(request: Request) -> DocumentJobs:
-    jobs: DocumentJobs | None = getattr(request.app.state, "documents", None)
-    if jobs is None:
-        raise NotReady("the server is starting")
+    jobs: DocumentJobs = started(request, "documents")
     return jobs
 
 
