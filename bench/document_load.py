@@ -22,13 +22,16 @@ import statistics
 import subprocess
 import sys
 import time
-import urllib.request
 from pathlib import Path
 from typing import Any
 
 import httpx
 
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "bench"))
+
+from serve import wait_ready  # noqa: E402
+
 FALLBACK = [
     "Open the file.", "Save your changes before closing the window.", "The meeting starts at nine tomorrow.",
     "Click here to continue.", "Where is the nearest train station?", "This page could not be found.",
@@ -68,21 +71,6 @@ def start_server(args: argparse.Namespace, port: int) -> subprocess.Popen[bytes]
     command = [sys.executable, "-m", "server", "--model", str(args.model), "--port", str(port), "--log-level",
                "warning"]
     return subprocess.Popen(command, cwd=ROOT, env=env)
-
-
-def wait_ready(url: str, process: subprocess.Popen[bytes], timeout: float = 300.0) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if process.poll() is not None:
-            raise SystemExit(f"the server exited with {process.returncode}")
-        try:
-            with urllib.request.urlopen(f"{url}/ready", timeout=2) as r:
-                if r.status == 200:
-                    return
-        except OSError:  # refused while starting, or 503 until the model is loaded
-            pass
-        time.sleep(0.3)
-    raise SystemExit(f"the server was not ready after {timeout} s")
 
 
 def summary(latencies: list[float]) -> dict[str, float]:
