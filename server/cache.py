@@ -58,7 +58,21 @@ def cache_key(source: list[int], config: GenerationConfig) -> CacheKey | None:
     `scores` only says whether log-probs are computed, not which tokens come out, so it is not part of the key: the
     entry says what it holds (`Entry.rank`).
     """
-    return None if config.do_sample else (tuple(source), replace(config, scores=True))
+    return cache_keys([source], [config])[0]
+
+
+def cache_keys(sources: list[list[int]], configs: list[GenerationConfig]) -> list[CacheKey | None]:
+    """`cache_key` of each sentence of a request; its settings (usually one object for all) are normalised once."""
+    normal: dict[int, GenerationConfig] = {}
+    keys: list[CacheKey | None] = []
+    for source, config in zip(sources, configs, strict=True):
+        if config.do_sample:
+            keys.append(None)
+            continue
+        if id(config) not in normal:
+            normal[id(config)] = config if config.scores else replace(config, scores=True)
+        keys.append((tuple(source), normal[id(config)]))
+    return keys
 
 
 def streams_tokens(config: GenerationConfig) -> bool:

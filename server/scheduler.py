@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 
 from model.events import Event, FinishEvent, TokenEvent
 from model.generation import GenerationConfig
-from server.cache import CacheKey, TranslationCache, cache_key
+from server.cache import CacheKey, TranslationCache, cache_keys
 from server.errors import EngineFailure, NotReady, Overloaded, ShuttingDown, TolkError
 from server.jobs import Job, deliver
 from server.messages import Cancel, Exited, Output, Ready, Submit, Target
@@ -121,7 +121,7 @@ class Scheduler:
             raise NotReady(f"model {self.name} is not running")
         # Samples get their seed now, so that a sentence decoded again after an out-of-memory error comes out the same.
         configs = [c.update(seed=random.getrandbits(62)) if c.do_sample and c.seed is None else c for c in configs]
-        keys = [cache_key(src, c) for src, c in zip(sources, configs, strict=True)]
+        keys = cache_keys(sources, configs)
         hits = {i: e for i, key in enumerate(keys) if (e := self.cache.get(key, stream, configs[i].scores)) is not None}
         first: dict[CacheKey, int] = {}  # a sentence repeated within the request is decoded once
         copies: dict[int, list[int]] = {}
