@@ -79,14 +79,28 @@ class KVCache:
         T = self.t_hi + 1
         return buf[0, :B, :, :T], buf[1, :B, :, :T]
 
+    def write_at(self, layer: int, kv: Tensor, pos: Tensor) -> tuple[Tensor, Tensor]:
+        """`write` with shapes fixed by the buffers, for CUDA graphs: kv (B, 2, H, Dh) stored at pos (B,) on the
+        device; returns K, V (B, H, max_tgt, Dh), to be read with `fixed_masks`."""
+        B = kv.shape[0]
+        buf = self.self_kv[layer]
+        buf[:, self.row_ids[:B], :, pos] = kv
+        return buf[0, :B], buf[1, :B]
+
+    def fixed_masks(self, pos: Tensor) -> tuple[Tensor, Tensor]:
+        """Masks (B, 1, 1, max_tgt | max_src) over whole buffers for rows 0..B-1 at positions pos (B,)."""
+        B = pos.shape[0]
+        return (self.t_ids <= pos[:, None])[:, None, None, :], self.src_mask[:B, None, None, :]
+
     def cross(self, layer: int, B: int) -> tuple[Tensor, Tensor]:
         """Cross-attention K, V (B, H, S, Dh) of rows 0..B-1 over the longest active source."""
         buf = self.cross_kv[layer]
         return buf[0, :B, :, : self.s_hi], buf[1, :B, :, : self.s_hi]
 
-    def advance(self, B: int) -> None:
-        """Rows 0..B-1 each took one token."""
-        self.pos[:B] += 1
+    def advance(self, B: int, on_device: bool = True) -> None:
+        """Rows 0..B-1 each took one token; on_device=False when a captured step already moved `pos`."""
+        if on_device:
+            self.pos[:B] += 1
         self.t_lo += 1
         self.t_hi += 1
 

@@ -9,6 +9,7 @@ once (`remove`, `cancel`) and their rows are reused. Choosing tokens (greedy, sa
 
 from __future__ import annotations
 
+import logging
 import random
 from dataclasses import dataclass, field
 
@@ -19,6 +20,9 @@ from model import logits as lp
 from model.events import Hypothesis, SentenceKey
 from model.frozen import FrozenTransformer
 from model.generation import GenerationConfig
+from model.graphs import GraphedStep
+
+log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -70,10 +74,18 @@ class RowState:
 class DecodeBatch:
     """Cache rows of a frozen network, the sequences that own them, and the decoder step they share."""
 
-    def __init__(self, net: FrozenTransformer, rows: int, max_src: int, max_tgt: int) -> None:
+    def __init__(self, net: FrozenTransformer, rows: int, max_src: int, max_tgt: int, graphs: bool = False) -> None:
+        """graphs=True: the decoder step replays CUDA graphs (model.graphs) on a CUDA device, recorded here; on
+        other devices it runs the same fixed-shape step eagerly (slower: the tests' check of that step)."""
         self.net = net
         self.cfg = net.cfg
         self.cache = net.new_cache(rows, max_src, max_tgt)
+        self.graphed: GraphedStep | None = None
+        if graphs:
+            try:
+                self.graphed = GraphedStep(net, self.cache, capture=net.device.type == "cuda")
+            except RuntimeError as exc:  # a driver or build that cannot record: decode as usual rather than not at all
+                log.warning("CUDA graphs not recorded (%s); the decoder step runs eagerly", exc)
         self.state = RowState(rows, self.cache.max_tgt, net.device)
         self.owner: list[Sequence | None] = [None] * rows
         self.seqs: dict[SentenceKey, Sequence] = {}
@@ -171,7 +183,8 @@ class DecodeBatch:
     @torch.inference_mode()
     def forward(self) -> Tensor:
         """The decoder step of rows 0..n-1: their next-token logits (n, V) in float32, each row's settings applied."""
-        logits = self.net.decode_step(self.state.last[: self.n], self.cache).float()  # (n, V)
+        last = self.state.last[: self.n]
+        logits = self.graphed(last) if self.graphed else self.net.decode_step(last, self.cache).float()  # (n, V)
         self._process(logits, list(self.seqs.values()))
         return logits
 

@@ -224,15 +224,20 @@ class FrozenDecoderLayer:
         self.fc2 = Projection([layer.ff.fc2], prepack=prepack)
         self.norms = Norms([layer.self_res.norm, layer.cross_res.norm, layer.ff_res.norm], layer.self_res.pre_norm)
 
-    def step(self, x: Tensor, cache: KVCache, i: int, self_mask: Tensor | None, cross_mask: Tensor | None) -> Tensor:
-        """One new token per row: x (B, D); this is decoder layer i. Masks are None when no key is padding."""
+    def step(self, x: Tensor, cache: KVCache, i: int, self_mask: Tensor | None, cross_mask: Tensor | None,
+             pos: Tensor | None = None) -> Tensor:
+        """One new token per row: x (B, D); this is decoder layer i. Masks are None when no key is padding.
+
+        With `pos` (B,), the rows' positions on the device, attention runs over the whole cache buffers (shapes
+        fixed, no host-side bounds): the form a CUDA graph can capture.
+        """
         B, D = x.shape
         qkv = self.qkv(self.norms.inp(x, 0)).view(B, 3, self.H, -1)  # (B, 3, H, Dh)
-        k, v = cache.write(i, qkv[:, 1:])  # (B, H, T, Dh)
+        k, v = cache.write(i, qkv[:, 1:]) if pos is None else cache.write_at(i, qkv[:, 1:], pos)  # (B, H, T, Dh)
         a = attend_one(qkv[:, 0, :, None], k, v, self_mask)  # (B, H, 1, Dh)
         x = self.norms.out(self.o(a.view(B, D), residual=x), 0)
         q = self.cross_q(self.norms.inp(x, 1)).view(B, self.H, 1, -1)
-        ck, cv = cache.cross(i, B)  # (B, H, S, Dh)
+        ck, cv = cache.cross(i, B) if pos is None else (cache.cross_kv[i, 0, :B], cache.cross_kv[i, 1, :B])
         a = attend_one(q, ck, cv, cross_mask)
         x = self.norms.out(self.cross_o(a.view(B, D), residual=x), 1)
         return self.norms.out(self.fc2(self.fc1(self.norms.inp(x, 2)), residual=x), 2)
@@ -314,6 +319,21 @@ class FrozenTransformer:
         for i, layer in enumerate(self.decoder):
             x = layer.step(x, cache, i, self_mask, cross_mask)
         cache.advance(B)
+        return self.out(self.final.norm(x, 1) if self.final else x)
+
+    def decode_step_fixed(self, tokens: Tensor, cache: KVCache) -> Tensor:
+        """`decode_step` over the whole cache buffers, reading nothing on the host: what model.graphs captures.
+
+        Rows 0..B-1 advance, active or not (a graph runs a bucket of rows); a free row's position is clamped to
+        the buffer and is reset when the row is admitted. Does not update the cache's host-side bounds.
+        """
+        B = tokens.shape[0]
+        pos = cache.pos[:B].clamp(max=cache.max_tgt - 1)
+        x = self.embed(self.tgt_table, tokens, self.positions[pos])  # (B, D)
+        self_mask, cross_mask = cache.fixed_masks(pos)
+        for i, layer in enumerate(self.decoder):
+            x = layer.step(x, cache, i, self_mask, cross_mask, pos)
+        cache.pos[:B] += 1
         return self.out(self.final.norm(x, 1) if self.final else x)
 
 

@@ -264,11 +264,14 @@ def generate(
     sources: Seq[list[int]],
     config: GenerationConfig | Seq[GenerationConfig],
     max_rows: int = 64,
+    batch: DecodeBatch | None = None,
 ) -> list[list[Hypothesis]]:
     """Translate token-id sources; returns the n-best hypotheses of each, best first.
 
     Sources join the batch as soon as rows are free (continuous batching), so this is also the offline
     engine. `config` is one setting for all sources, or one per source. Source i decodes under key (0, i).
+    `batch`: an empty DecodeBatch to decode in (kept across calls, e.g. for its CUDA graphs) instead of a new one;
+    its cache must hold the longest source and output.
     """
     configs = [config] * len(sources) if isinstance(config, GenerationConfig) else list(config)
     if len(configs) != len(sources):
@@ -277,7 +280,10 @@ def generate(
     rows = max(max_rows, widest)
     max_src = max((len(s) for s in sources), default=1)
     max_tgt = max((c.max_new_tokens for c in configs), default=1)
-    batch = DecodeBatch(net, rows, max_src, max_tgt)
+    if batch is None:
+        batch = DecodeBatch(net, rows, max_src, max_tgt)
+    elif len(batch) or batch.cache.max_src < max_src or batch.cache.max_tgt < min(max_tgt, net.cfg.max_positions):
+        raise ValueError("generate's batch must be empty and hold the longest source and output")
     results: dict[SentenceKey, list[Hypothesis]] = {}
     waiting = deque(range(len(sources)))
     while waiting or len(batch):

@@ -113,7 +113,8 @@ class Batcher:
 
     def _new_batch(self) -> DecodeBatch:
         s = self.settings
-        batch = DecodeBatch(self.net, s.max_batch_rows, self.max_source_tokens, s.max_new_tokens)
+        graphs = s.cuda_graphs and self.net.device.type == "cuda"
+        batch = DecodeBatch(self.net, s.max_batch_rows, self.max_source_tokens, s.max_new_tokens, graphs=graphs)
         self._out.stats.cache_bytes = batch.cache.nbytes
         self._out.stats.rows_used = 0
         self._out.stats.row_limit = self._row_limit

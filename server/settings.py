@@ -35,6 +35,9 @@ class Settings(BaseSettings):
     threads: int | None = Field(default=None, ge=1, le=256, description="torch threads of each scheduler; None = "
                                  "every core but one on the CPU (the event loop needs one), torch's default on a GPU")
 
+    cuda_graphs: bool = Field(default=True, description="on a CUDA device, replay the decoder step as CUDA graphs "
+                              "recorded at start-up (one per bucket of row counts): one launch instead of dozens")
+
     # Scheduling
     scheduler_process: bool = Field(default=True, description="each model's scheduler in a process of its own, so "
                                     "decoding and the event loop do not take turns on one GIL (on 2 cores, 32 clients: "
