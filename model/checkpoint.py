@@ -32,6 +32,7 @@ from model.transformer import Transformer
 M = TypeVar("M", bound=torch.nn.Module)
 DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
 PRECISIONS = (*DTYPES, "int8")  # int8: float32 model whose linear layers are dynamically quantized (CPU)
+STORAGE_DTYPES = ("float32", "float16")  # of model.safetensors; float16 halves the download, load() upcasts it
 REQUIRED_FILES = ("config.json", "model.safetensors", "source.spm", "target.spm", "info.json")
 
 
@@ -150,6 +151,8 @@ def load(directory: Path | str, device: str = "auto", dtype: str = "float32",
         raise ValueError("dtype 'int8' (dynamic quantization) runs on the CPU only")
     meta = read_meta(directory)
     model = Transformer(meta.cfg)
+    # Whatever the stored dtype (float32, or float16 to ship half the bytes), load_state_dict copies the weights
+    # into this float32 model with a cast: every precision below starts from float32, as if stored so.
     load_model(model, str(meta.path / "model.safetensors"), strict=True)
     model = model.to(device=dev, dtype=DTYPES.get(dtype, torch.float32)).eval()
     parameters = model.num_parameters()
@@ -169,14 +172,17 @@ def save(
     target_spm: Path,
     generation: dict[str, Any] | None = None,
     vocab: list[str] | None = None,
+    weights_dtype: str = "float32",
 ) -> None:
-    """Write a model directory (weights always saved as float32 on the CPU)."""
+    """Write a model directory; the weights as float32 (default) or float16 (`STORAGE_DTYPES`), from the CPU."""
+    if weights_dtype not in STORAGE_DTYPES:
+        raise ValueError(f"weights_dtype must be one of {STORAGE_DTYPES}, got {weights_dtype!r}")
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
     model.cfg.save(directory / "config.json")
     cpu = Transformer(model.cfg)
     cpu.load_state_dict({k: v.detach().float().cpu() for k, v in model.state_dict().items()})
-    save_model(cpu, str(directory / "model.safetensors"))
+    save_model(cpu.to(DTYPES[weights_dtype]), str(directory / "model.safetensors"))
     for src, name in ((source_spm, "source.spm"), (target_spm, "target.spm")):
         if Path(src).resolve() != (directory / name).resolve():
             shutil.copyfile(src, directory / name)

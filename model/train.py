@@ -8,10 +8,11 @@ import argparse
 import json
 import logging
 import math
+import shutil
 import time
 from dataclasses import replace
 from pathlib import Path
-from typing import Any
+from typing import Any, TextIO
 
 import sentencepiece as spm
 import torch
@@ -40,8 +41,13 @@ ARCHITECTURES: dict[str, dict[str, Any]] = {
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--corpus", type=Path, default=Path("data/corpus"), help="train/dev .en/.pt files")
+    p.add_argument("--corpus", type=Path, default=Path("data/corpus"),
+                   help="train.<lang> and dev.<lang> files of both languages")
     p.add_argument("--run", type=Path, default=Path("runs/en-pt"), help="run directory (resumes if present)")
+    p.add_argument("--source", default=None, help="source language code (default: the run's own, else en)")
+    p.add_argument("--target", default=None, help="target language code (default: the run's own, else pt)")
+    p.add_argument("--spm", type=Path, default=None,
+                   help="use this SentencePiece model (copied into a new run) instead of training one")
     p.add_argument("--arch", choices=sorted(ARCHITECTURES), default="small")
     p.add_argument("--vocab-size", type=int, default=8000)
     p.add_argument("--max-tokens", type=int, default=4096, help="padded tokens per micro-batch")
@@ -62,12 +68,49 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--seed", type=int, default=1)
     p.add_argument("--export", type=Path, default=None, help="write the averaged model directory here and stop")
     p.add_argument("--default-beam-size", type=int, default=1, help="the exported model's default beam size")
+    p.add_argument("--weights-dtype", choices=checkpoint.STORAGE_DTYPES, default="float32",
+                   help="the exported weights' dtype: float16 ships half the bytes and loads as float32")
 
 
 def lr_at(step: int, peak: float, warmup: int) -> float:
     """Inverse square root schedule with linear warm-up."""
     step = max(step, 1)
     return peak * min(step / warmup, math.sqrt(warmup / step))
+
+
+def run_languages(run: Path, source: str | None, target: str | None) -> tuple[str, str]:
+    """The run's (source, target) languages, stored in run/languages.json on its first start.
+
+    Resuming keeps the stored direction and refuses another one; runs from before this file existed were en->pt.
+    """
+    path = run / "languages.json"
+    if path.exists():
+        stored = json.loads(path.read_text())
+        languages = (str(stored["source"]), str(stored["target"]))
+    elif (run / "config.json").exists():
+        languages = ("en", "pt")
+    else:
+        languages = (source or "en", target or "pt")
+    if (source or languages[0], target or languages[1]) != languages:
+        raise ValueError(f"run {run} trains {languages[0]}->{languages[1]}; --source/--target ask for "
+                         f"{source or languages[0]}->{target or languages[1]} (start a new --run)")
+    if languages[0] == languages[1]:
+        raise ValueError(f"--source and --target are both {languages[0]!r}")
+    path.write_text(json.dumps({"source": languages[0], "target": languages[1]}) + "\n")
+    return languages
+
+
+def run_vocabulary(args: argparse.Namespace, languages: tuple[str, str]) -> Path:
+    """The run's SentencePiece model: a given one copied in, else the one trained on both sides (and kept)."""
+    path = args.run / "spm.model"
+    if args.spm is not None:
+        if not path.exists():
+            shutil.copyfile(args.spm, path)
+        elif path.read_bytes() != args.spm.read_bytes():
+            raise ValueError(f"--spm {args.spm} differs from the run's own {path}")
+    # sorted: the same vocabulary for either direction (and en, pt as runs before --source had it)
+    return train_vocab([args.corpus / f"train.{lang}" for lang in sorted(languages)], args.run / "spm",
+                       args.vocab_size)
 
 
 def build_config(args: argparse.Namespace, vocab_size: int) -> ModelConfig:
@@ -110,11 +153,12 @@ def averaged(run: Path, cfg: ModelConfig, count: int) -> Transformer:
     return model.eval()
 
 
-def export(args: argparse.Namespace, cfg: ModelConfig, spm_path: Path) -> None:
+def export(args: argparse.Namespace, cfg: ModelConfig, spm_path: Path, languages: tuple[str, str]) -> None:
     model = averaged(args.run, cfg, args.average)
-    info = checkpoint.ModelInfo("en-pt", "en", "pt")
+    info = checkpoint.ModelInfo("-".join(languages), *languages)
     generation = {"beam_size": args.default_beam_size, "max_new_tokens": 256}
-    checkpoint.save(args.export, model, info, spm_path, spm_path, generation=generation)
+    checkpoint.save(args.export, model, info, spm_path, spm_path, generation=generation,
+                    weights_dtype=args.weights_dtype)
     log.info("wrote %s", args.export)
 
 
@@ -135,15 +179,16 @@ def main(args: argparse.Namespace) -> int:
     torch.set_num_threads(args.threads)
     torch.manual_seed(args.seed)
     args.run.mkdir(parents=True, exist_ok=True)
-    spm_path = train_vocab([args.corpus / "train.en", args.corpus / "train.pt"], args.run / "spm", args.vocab_size)
+    languages = run_languages(args.run, args.source, args.target)
+    spm_path = run_vocabulary(args, languages)
     sp = spm.SentencePieceProcessor(model_file=str(spm_path))
     cfg_path = args.run / "config.json"
     cfg = ModelConfig.load(cfg_path) if cfg_path.exists() else build_config(args, sp.get_piece_size())
     cfg.save(cfg_path)
     if args.export:
-        export(args, cfg, spm_path)
+        export(args, cfg, spm_path, languages)
         return 0
-    Trainer(args, cfg, sp, spm_path).run()
+    Trainer(args, cfg, sp, spm_path, languages).run()
     return 0
 
 
@@ -151,15 +196,17 @@ class Trainer:
     """The training loop's state: model, optimizer, position in the data; saved and restored whole."""
 
     def __init__(self, args: argparse.Namespace, cfg: ModelConfig, sp: spm.SentencePieceProcessor,
-                 spm_path: Path) -> None:
+                 spm_path: Path, languages: tuple[str, str]) -> None:
         self.args, self.cfg, self.spm_path = args, cfg, spm_path
         self.device = checkpoint.resolve_device(args.device)
         run, corpus = args.run, args.corpus
-        self.src = encode_file(sp, corpus / "train.en", run / "train.en.npz")
-        self.tgt = encode_file(sp, corpus / "train.pt", run / "train.pt.npz")
+        source, target = languages
+        # caches are named by language, not role: the same file encodes the same either way round
+        self.src = encode_file(sp, corpus / f"train.{source}", run / f"train.{source}.npz")
+        self.tgt = encode_file(sp, corpus / f"train.{target}", run / f"train.{target}.npz")
         n_dev = args.dev_sentences
-        self.dev_src = (corpus / "dev.en").read_text(encoding="utf-8").splitlines()[:n_dev]
-        self.dev_ref = (corpus / "dev.pt").read_text(encoding="utf-8").splitlines()[:n_dev]
+        self.dev_src = (corpus / f"dev.{source}").read_text(encoding="utf-8").splitlines()[:n_dev]
+        self.dev_ref = (corpus / f"dev.{target}").read_text(encoding="utf-8").splitlines()[:n_dev]
         self.model = Transformer(cfg).to(self.device)
         self.opt = torch.optim.AdamW(self.model.parameters(), lr=args.lr, betas=(0.9, 0.98), eps=1e-9,
                                      weight_decay=0.0)
@@ -171,7 +218,7 @@ class Trainer:
             self.opt.load_state_dict(state["opt"])
             self.step, self.epoch, self.position = state["step"], state["epoch"], state["position"]
             log.info("resumed at step %d (epoch %d, batch %d)", self.step, self.epoch, self.position)
-        log.info("model: %s, %.1fM parameters, %d training pairs, device %s", cfg.to_dict(),
+        log.info("%s->%s model: %s, %.1fM parameters, %d training pairs, device %s", source, target, cfg.to_dict(),
                  self.model.num_parameters() / 1e6, len(self.src), self.device)
 
     def save(self) -> None:
@@ -191,6 +238,12 @@ class Trainer:
                                label_smoothing=self.args.label_smoothing)
         return loss, int((src != 0).sum() + (labels != 0).sum())
 
+    def log_progress(self, log_file: TextIO, bar: Any, loss: float, rate: float) -> None:
+        bar.set_postfix(loss=f"{loss:.3f}", tok_s=f"{rate:.0f}", epoch=self.epoch)
+        log_file.write(json.dumps({"step": self.step, "loss": round(loss, 4), "tokens_per_s": round(rate),
+                                   "epoch": self.epoch}) + "\n")
+        log_file.flush()
+
     def run(self) -> None:
         from tqdm import tqdm  # training extra
 
@@ -199,7 +252,7 @@ class Trainer:
         log_file = (args.run / "log.jsonl").open("a")
         bar = tqdm(total=args.max_steps, initial=self.step, dynamic_ncols=True, mininterval=5)
         self.model.train()
-        tokens, t0 = 0, time.perf_counter()
+        tokens, t0, total = 0, time.perf_counter(), math.nan
         while self.step < args.max_steps and time.time() < deadline:
             batches = make_batches(self.src, self.tgt, args.max_tokens, args.max_len, args.seed + self.epoch)
             while self.position + args.accum <= len(batches) and self.step < args.max_steps:
@@ -218,11 +271,7 @@ class Trainer:
                 self.position += args.accum
                 bar.update(1)
                 if self.step % 50 == 0:
-                    rate = tokens / (time.perf_counter() - t0)
-                    bar.set_postfix(loss=f"{total:.3f}", tok_s=f"{rate:.0f}", epoch=self.epoch)
-                    log_file.write(json.dumps({"step": self.step, "loss": round(total, 4),
-                                               "tokens_per_s": round(rate), "epoch": self.epoch}) + "\n")
-                    log_file.flush()
+                    self.log_progress(log_file, bar, total, tokens / (time.perf_counter() - t0))
                     tokens, t0 = 0, time.perf_counter()
                 if self.step % args.save_every == 0:
                     self.save()
@@ -235,6 +284,8 @@ class Trainer:
             else:
                 self.epoch += 1
                 self.position = 0
+        if tokens:  # the steps since the last record: a short run leaves one too
+            self.log_progress(log_file, bar, total, tokens / (time.perf_counter() - t0))
         self.save()
         bar.close()
         log_file.close()
