@@ -8,12 +8,15 @@
     it only if export-marian can export it (its Marian has no pre-norm variant); CTranslate2 gets it through
     bench/ct2_convert.py, which reads Tolk's weights directly.
 
-Greedy and beam 4 at batch 1, 8 and 32. Each engine runs in its own worker process (bench/workers.py), so its
-peak memory (VmHWM, reset before each configuration) is its own. Engines take turns (rotating order) after a
+Greedy and beam 4 at batch 1, 8 and 32 (CPU) or 1, 8, 32 and 64 (CUDA). Each engine runs in its own worker
+process (bench/workers.py), so its peak memory (VmHWM, reset before each configuration; on CUDA also the peak of
+torch's allocator, which CTranslate2 does not use) is its own. An engine that fails to load or to run a first
+job (a missing CUDA library, say) is skipped with its reason. Engines take turns (rotating order) after a
 warm-up; (a) reports medians of --repeats runs, (b) totals over the split, cut into --repeats segments taken in
 turn. Prints markdown tables, writes JSON and a PNG plot.
 
     python bench/engines.py [--quick] [--limit N] [--engines tolk,transformers,ct2,ct2-int8]
+    python bench/engines.py --device cuda [--engines tolk-float16,tolk,ct2-float16,transformers]
 """
 
 from __future__ import annotations
@@ -31,7 +34,7 @@ from typing import Any
 
 import torch
 from decode import OPUS_MT_EN_DE, sources
-from workers import ENGINES, EngineSpec, Job, Pieces, Worker
+from workers import ENGINES, EngineFailed, EngineSpec, Job, Pieces, Result, Worker, engine_kind
 
 from model import checkpoint
 from model.config import ModelConfig
@@ -57,11 +60,14 @@ def same_share(outputs: Pieces, reference: Pieces) -> float:
 
 
 def row(name: str, beam: int, batch: int, tokens: int, sentences: int, total_s: float, batch_s: float,
-        peak: float, worker: Worker) -> dict[str, Any]:
-    return {"engine": name, "decoding": "greedy" if beam == 1 else f"beam {beam}", "batch": batch,
-            "tokens_per_s": round(tokens / total_s, 1), "sentences_per_s": round(sentences / total_s, 2),
-            "seconds_per_batch": round(batch_s, 4), "peak_rss_mb": round(peak), "peak_over_start_mb":
-            round(peak - worker.before_load_mb), "generated_tokens": tokens}
+        peak: Result, worker: Worker) -> dict[str, Any]:
+    r = {"engine": name, "decoding": "greedy" if beam == 1 else f"beam {beam}", "batch": batch,
+         "tokens_per_s": round(tokens / total_s, 1), "sentences_per_s": round(sentences / total_s, 2),
+         "seconds_per_batch": round(batch_s, 4), "peak_rss_mb": round(peak.peak_rss_mb), "peak_over_start_mb":
+         round(peak.peak_rss_mb - worker.before_load_mb), "generated_tokens": tokens}
+    if worker.spec.device == "cuda":  # None for CTranslate2: its own allocator, not torch's
+        r["peak_gpu_mb"] = None if peak.peak_gpu_mb is None else round(peak.peak_gpu_mb)
+    return r
 
 
 def bench_forced(workers: dict[str, Worker], pieces: list[str], args: argparse.Namespace) -> list[dict[str, Any]]:
@@ -72,14 +78,16 @@ def bench_forced(workers: dict[str, Worker], pieces: list[str], args: argparse.N
             src = [[pieces[i] for i in s] for s in sources(batch, args.src_len, OPUS_MT_EN_DE.src_vocab_size, batch)]
             job = Job(src, beam, n, n)
             times: dict[str, list[float]] = {name: [] for name in names}
-            outputs, peaks = {}, {}
+            outputs: dict[str, Pieces] = {}
+            peaks: dict[str, Result] = {}
             for name in names:
                 workers[name].run(job, reset=True)
                 time.sleep(SETTLE_S)
             for k in range(args.repeats):
                 for name in rotated(names, k):
-                    seconds, outputs[name], peaks[name] = workers[name].run(job)
-                    times[name].append(seconds)
+                    peaks[name] = workers[name].run(job)
+                    outputs[name] = peaks[name].outputs
+                    times[name].append(peaks[name].seconds)
                     time.sleep(SETTLE_S)
             reference = outputs[reference_engine(names)]
             for name in names:
@@ -103,16 +111,16 @@ def bench_corpus(workers: dict[str, Worker], src: Pieces, max_new: int,
             segments = [chunks[i : i + per_segment] for i in range(0, len(chunks), per_segment)]
             times: dict[str, list[float]] = {name: [] for name in names}
             outputs: dict[str, Pieces] = {name: [] for name in names}
-            peaks: dict[str, float] = {}
+            peaks: dict[str, Result] = {}
             for name in names:
                 workers[name].run(Job(chunks[0], beam, 0, max_new), reset=True)
                 time.sleep(SETTLE_S)
             for k, segment in enumerate(segments):
                 for name in rotated(names, k):
                     for chunk in segment:
-                        seconds, out, peaks[name] = workers[name].run(Job(chunk, beam, 0, max_new))
-                        times[name].append(seconds)
-                        outputs[name] += out
+                        peaks[name] = workers[name].run(Job(chunk, beam, 0, max_new))
+                        times[name].append(peaks[name].seconds)
+                        outputs[name] += peaks[name].outputs
                     time.sleep(SETTLE_S)
             for name in names:
                 tokens = sum(len(o) for o in outputs[name])
@@ -188,33 +196,53 @@ def step_bytes(cfg: ModelConfig) -> int:
     return 4 * (n + model.out_proj.weight.numel())
 
 
-def specs(names: list[str], tolk_dir: Path, files: Converted, threads: int) -> list[EngineSpec]:
-    return [EngineSpec(n, tolk_dir, files.hf_dir, files.ct2_dir, files.suppress, threads) for n in names
-            if n != "transformers" or files.hf_dir is not None]
+def specs(names: list[str], device: str, tolk_dir: Path, files: Converted, threads: int) -> list[EngineSpec]:
+    return [EngineSpec(n, device, tolk_dir, files.hf_dir, files.ct2_dir, files.suppress, threads) for n in names
+            if engine_kind(n, device)[0] != "transformers" or files.hf_dir is not None]
 
 
-def with_workers(engine_specs: list[EngineSpec], fn: Callable[[dict[str, Worker]], list[dict[str, Any]]]
-                 ) -> tuple[list[dict[str, Any]], dict[str, Any]]:
-    """Start one worker per engine, run fn(workers) -> rows, stop them; also the workers' load-time memory."""
+def with_workers(engine_specs: list[EngineSpec], probe: Job, fn: Callable[[dict[str, Worker]], list[dict[str, Any]]]
+                 ) -> tuple[list[dict[str, Any]], dict[str, Any], dict[str, str]]:
+    """Start one worker per engine and run the probe job on it, run fn(workers) -> rows, stop them; also the
+    workers' load-time memory and the engines skipped because loading or the probe failed (with why)."""
     workers: dict[str, Worker] = {}
+    skipped: dict[str, str] = {}
     try:
         for spec in engine_specs:
-            workers[spec.name] = Worker(spec)
+            worker = None
+            try:
+                worker = Worker(spec)
+                worker.run(probe)
+                workers[spec.name] = worker
+            except EngineFailed as e:
+                skipped[spec.name] = str(e)
+                print(f"skipped: {e}", flush=True)
+                if worker is not None:
+                    worker.close()
+        if not workers:
+            raise SystemExit(f"every engine failed: {skipped}")
         memory = {n: {"rss_before_load_mb": round(w.before_load_mb), "rss_loaded_mb": round(w.loaded_mb)}
                   for n, w in workers.items()}
-        return fn(workers), memory
+        return fn(workers), memory, skipped
     finally:
         for w in workers.values():
             w.close()
 
 
+def ran(rows: list[dict[str, Any]]) -> list[str]:
+    return list(dict.fromkeys(r["engine"] for r in rows))
+
+
 def markdown(rows: list[dict[str, Any]], reference: str) -> str:
-    lines = [f"| engine | decoding | batch | tokens/s | sentences/s | s per batch | peak RSS MB (+ over worker start) "
-             f"| same tokens as {reference} |", "|---|---|---:|---:|---:|---:|---:|---:|"]
+    gpu = "peak_gpu_mb" in rows[0]  # CUDA runs: torch's allocator peak, "-" for CTranslate2
+    lines = ["| engine | decoding | batch | tokens/s | sentences/s | s per batch | peak RSS MB (+ over worker start) "
+             + ("| peak GPU MB (torch allocator) " if gpu else "") + f"| same tokens as {reference} |",
+             "|---|---|---:|---:|---:|---:|---:|" + ("---:|" if gpu else "") + "---:|"]
     for r in rows:
+        peak_gpu = f"{'-' if r['peak_gpu_mb'] is None else r['peak_gpu_mb']} | " if gpu else ""
         lines.append(f"| {r['engine']} | {r['decoding']} | {r['batch']} | {r['tokens_per_s']} | "
                      f"{r['sentences_per_s']} | {r['seconds_per_batch']} | {r['peak_rss_mb']} "
-                     f"(+{r['peak_over_start_mb']}) | {r['same_pct']}% |")
+                     f"(+{r['peak_over_start_mb']}) | {peak_gpu}{r['same_pct']}% |")
     return "\n".join(lines)
 
 
@@ -253,79 +281,103 @@ def corpus(model_dir: Path, src: Path, limit: int) -> tuple[Pieces, int]:
     return [[pieces[i] for i in tok.encode(line)[:256]] for line in lines], loaded.generation.max_new_tokens
 
 
-def run_forced(args: argparse.Namespace, names: list[str], work: Path, bandwidth: float) -> dict[str, Any]:
+def run_forced(args: argparse.Namespace, names: list[str], work: Path, bandwidth: float | None) -> dict[str, Any]:
     tolk_dir, pieces = random_model(work, args.model)
-    engine_specs = specs(names, tolk_dir, convert(tolk_dir, work, direct=False), args.threads)
-    rows, memory = with_workers(engine_specs, lambda w: bench_forced(w, pieces, args))
-    reference = reference_engine([s.name for s in engine_specs])
+    engine_specs = specs(names, args.device, tolk_dir, convert(tolk_dir, work, direct=False), args.threads)
+    probe = Job([[pieces[i] for i in s] for s in sources(1, args.src_len, OPUS_MT_EN_DE.src_vocab_size, 1)], 1, 2, 2)
+    rows, memory, skipped = with_workers(engine_specs, probe, lambda w: bench_forced(w, pieces, args))
+    reference = reference_engine(ran(rows))
     report(f"(a) OPUS-MT en-de geometry, random weights, {args.new_tokens} tokens forced", rows, reference)
-    bound = bound_report(rows, step_bytes(OPUS_MT_EN_DE), bandwidth)
+    if bandwidth is None:
+        print("memory-bandwidth bound: not computed on CUDA (batch 1 there is bound by kernel launches)", flush=True)
+    bound = None if bandwidth is None else bound_report(rows, step_bytes(OPUS_MT_EN_DE), bandwidth)
     return {"reference": reference, "new_tokens": args.new_tokens, "src_len": args.src_len,
-            "geometry": OPUS_MT_EN_DE.to_dict(), "bound": bound, "memory": memory, "rows": rows}
+            "geometry": OPUS_MT_EN_DE.to_dict(), "bound": bound, "memory": memory, "skipped": skipped, "rows": rows}
 
 
 def run_corpus(args: argparse.Namespace, names: list[str], work: Path) -> dict[str, Any]:
     src, max_new = corpus(args.model, args.src, args.limit)
     files = convert(args.model, work, direct=True)
-    engine_specs = specs(names, args.model, files, args.threads)
-    rows, memory = with_workers(engine_specs, lambda w: bench_corpus(w, src, max_new, args))
-    reference = reference_engine([s.name for s in engine_specs])
+    engine_specs = specs(names, args.device, args.model, files, args.threads)
+    probe = Job(src[:1], 1, 0, 2)
+    rows, memory, skipped = with_workers(engine_specs, probe, lambda w: bench_corpus(w, src, max_new, args))
+    reference = reference_engine(ran(rows))
     report(f"(b) {args.model} on {len(src)} sentences of {args.src}", rows, reference)
     return {"reference": reference, "model": str(args.model), "sentences": len(src), "max_new_tokens": max_new,
-            "transformers_skipped": files.hf_refusal, "memory": memory, "rows": rows}
+            "transformers_skipped": files.hf_refusal, "memory": memory, "skipped": skipped, "rows": rows}
 
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--engines", default=",".join(ENGINES), help=f"comma-separated, from {','.join(ENGINES)}")
+    p.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
+    p.add_argument("--engines", default=None, help="comma-separated KIND or KIND-PRECISION names (kinds tolk, "
+                   "transformers, ct2; e.g. tolk-bfloat16, ct2-int8_float16); default: "
+                   + "; ".join(f"{d}: {','.join(e)}" for d, e in ENGINES.items()))
     p.add_argument("--benchmarks", default="forced,corpus", help="forced (a), corpus (b) or both")
     p.add_argument("--model", type=Path, default=Path("weights/en-pt"), help="(b)'s Tolk model directory")
     p.add_argument("--src", type=Path, default=Path("data/corpus/test.en"), help="(b)'s sentences")
     p.add_argument("--limit", type=int, default=0, help="(b): only the first N sentences (0 = all)")
-    p.add_argument("--batches", default="1,8,32")
+    p.add_argument("--batches", default=None, help="comma-separated (default: 1,8,32; CUDA: 1,8,32,64)")
     p.add_argument("--new-tokens", type=int, default=64, help="(a)'s forced length")
     p.add_argument("--src-len", type=int, default=24, help="(a)'s source length, end-of-sentence included")
     p.add_argument("--repeats", type=int, default=3, help="(a): timed runs; (b): segments of the split")
     p.add_argument("--threads", type=int, default=2, help="torch threads; CTranslate2 intra_threads")
     p.add_argument("--quick", action="store_true", help="1 repeat, 16 new tokens, 32 sentences: checks the script")
     p.add_argument("--work", type=Path, default=None, help="keep the converted models here (default: a temp dir)")
-    p.add_argument("--out", type=Path, default=None,
-                   help="JSON path, the PNG beside it (default: bench/results/engines.json; --quick: the temp dir)")
+    p.add_argument("--out", type=Path, default=None, help="JSON path, the PNG beside it (default: "
+                   "bench/results/engines.json, CUDA: bench/results/engines-cuda.json; --quick: the temp dir)")
     p.add_argument("--plot-only", action="store_true", help="redraw the PNG from the JSON at --out; run nothing")
     args = p.parse_args()
     if args.quick:
         args.repeats, args.new_tokens, args.limit = 1, 16, args.limit or 32
-    out = args.out or (Path(tempfile.gettempdir()) / "engines-quick.json" if args.quick
-                       else Path("bench/results/engines.json"))
+    cuda = args.device == "cuda"
+    stem = "engines-cuda" if cuda else "engines"
+    out = args.out or (Path(tempfile.gettempdir()) / f"{stem}-quick.json" if args.quick
+                       else Path(f"bench/results/{stem}.json"))
     if args.plot_only:
         plot(json.loads(out.read_text()), args, out)
         return
-    args.batches = [int(b) for b in args.batches.split(",")]
-    names = [n for n in args.engines.split(",") if n]
-    unknown = sorted(set(names) - set(ENGINES))
-    if unknown:
-        raise SystemExit(f"--engines: unknown {unknown}, choose from {ENGINES}")
+    args.batches = [int(b) for b in (args.batches or ("1,8,32,64" if cuda else "1,8,32")).split(",")]
+    names = [n for n in (args.engines or ",".join(ENGINES[args.device])).split(",") if n]
+    try:
+        precisions = {n: engine_kind(n, args.device)[1] for n in names}
+    except ValueError as e:
+        raise SystemExit(f"--engines: {e}") from None
+    if cuda and not torch.cuda.is_available():
+        raise SystemExit("--device cuda: torch sees no CUDA device")
     torch.set_num_threads(args.threads)
-    bandwidth = read_bandwidth_gbs()
-    results: dict[str, Any] = {"meta": {**{pkg: version(pkg) for pkg in ("torch", "transformers", "ctranslate2")},
-                                        "threads": args.threads, "cpu": cpu_name(),
-                                        "read_bandwidth_gbs": round(bandwidth, 2), "quick": args.quick}}
+    bandwidth = None if cuda else read_bandwidth_gbs()  # host memory: a CPU notion
+    meta: dict[str, Any] = {**{pkg: version(pkg) for pkg in ("torch", "transformers", "ctranslate2")},
+                            "threads": args.threads, "cpu": cpu_name()}
+    if cuda:
+        meta.update(device="cuda", gpu=torch.cuda.get_device_name(), cuda=torch.version.cuda, precisions=precisions)
+    else:
+        meta["read_bandwidth_gbs"] = round(bandwidth or 0, 2)
+    if "corpus" in args.benchmarks and not args.src.is_file():
+        raise SystemExit(f"--src {args.src}: no such file (the corpus benchmark's sentences)")
+    results: dict[str, Any] = {"meta": {**meta, "quick": args.quick}}
+    out.parent.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory() as tmp:
         work = args.work or Path(tmp)
         work.mkdir(parents=True, exist_ok=True)
         if "forced" in args.benchmarks:
             results["forced"] = run_forced(args, names, work, bandwidth)
+            out.write_text(json.dumps(results, indent=2) + "\n")  # kept if the next benchmark fails
         if "corpus" in args.benchmarks:
             results["corpus"] = run_corpus(args, names, work)
-    out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(results, indent=2) + "\n")
     plot(results, args, out)
 
 
 def plot(results: dict[str, Any], args: argparse.Namespace, out: Path) -> None:
-    from plots import throughput_plot  # matplotlib: kept out of the workers
-
-    titles = {"forced": "(a) random OPUS-MT en-de, forced length", "corpus": f"(b) {args.model.name} test split"}
+    try:
+        from plots import throughput_plot  # matplotlib: kept out of the workers
+    except ImportError as e:
+        print(f"wrote {out}; no plot ({e})")
+        return
+    on = f" ({results['meta']['gpu']})" if "gpu" in results["meta"] else ""
+    titles = {"forced": f"(a) random OPUS-MT en-de, forced length{on}",
+              "corpus": f"(b) {args.model.name} test split{on}"}
     throughput_plot({titles[k]: results[k]["rows"] for k in titles if k in results}, out.with_suffix(".png"))
     print(f"wrote {out} and {out.with_suffix('.png')}")
 

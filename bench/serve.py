@@ -9,6 +9,9 @@ streamed pass, time to first token; and the engine's own offline throughput (mod
     python bench/serve.py --model weights/en-pt
     python bench/serve.py --random 512x6x8000       # a random OPUS-MT-geometry model (forced-length outputs)
     python bench/serve.py --tiny --clients 1 8      # the tiny test model, small scale
+    python bench/serve.py --tiny --clients 1 4 --quick   # a dry run of the script (about a minute)
+    python bench/serve.py --model weights/en-pt --sentences data/corpus/test.en --device cuda --dtype float16 \
+        --clients 1 8 32 64 --rows 128                # on a GPU
 """
 
 from __future__ import annotations
@@ -176,14 +179,22 @@ def offline(loaded: LoadedModel, sentences: list[str], args: argparse.Namespace,
     generate(loaded.net, sources[:rows], config, max_rows=rows)  # warm-up
     best: dict[str, Any] = {}
     for _ in range(2):
+        synchronize(loaded.device)
         start = time.perf_counter()
         hyps = generate(loaded.net, sources, config, max_rows=rows)
+        synchronize(loaded.device)
         elapsed = time.perf_counter() - start
         tokens = sum(len(h[0].tokens) for h in hyps)
         if not best or elapsed < best["seconds"]:
             best = {"sentences": len(sources), "seconds": elapsed, "sentences_per_s": len(sources) / elapsed,
                     "tokens_per_s": tokens / elapsed, "rows": rows}
     return best
+
+
+def synchronize(device: torch.device) -> None:
+    """Let queued GPU work finish before the clock is read."""
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
 
 
 def print_table(rows: list[dict[str, Any]]) -> None:
@@ -219,7 +230,15 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--port", type=int, default=8765)
     p.add_argument("--work", type=Path, default=Path(tempfile.gettempdir()) / "tolk-bench")
     p.add_argument("--out", type=Path, default=ROOT / "bench" / "results" / "serve.json")
-    return p.parse_args()
+    p.add_argument("--quick", action="store_true", help="checks the script: 16 requests and 8 streamed per phase "
+                   "(unless given), 16 new tokens, offline runs on 32 sentences; writes to the temp dir unless --out")
+    args = p.parse_args()
+    if args.quick:
+        args.requests, args.stream_requests = args.requests or 16, args.stream_requests or 8
+        args.max_new_tokens = 16
+        if args.out == p.get_default("out"):
+            args.out = Path(tempfile.gettempdir()) / "serve-quick.json"
+    return args
 
 
 def model_directory(args: argparse.Namespace) -> Path:
@@ -247,6 +266,14 @@ def run_phases(urls: dict[str, str], sentences: list[str], args: argparse.Namesp
     return rows
 
 
+def machine(loaded: LoadedModel) -> dict[str, Any]:
+    facts: dict[str, Any] = {"cpu": platform.processor() or platform.machine(), "cores": os.cpu_count(),
+                             "torch": torch.__version__}
+    if loaded.device.type == "cuda":
+        facts.update(gpu=torch.cuda.get_device_name(loaded.device), cuda=torch.version.cuda)
+    return facts
+
+
 def main() -> int:
     args = parse_args()
     model_dir = model_directory(args)
@@ -270,9 +297,9 @@ def main() -> int:
             process.wait(30)
     torch.set_num_threads(args.threads)
     loaded = load(model_dir, device=args.device, dtype=args.dtype)
-    reference = offline(loaded, sentences[: max(args.rows * 4, 128)], args, args.rows)
+    reference = offline(loaded, sentences[: 32 if args.quick else max(args.rows * 4, 128)], args, args.rows)
     # One row at a time is the unbatched server's engine: batched/unbatched cannot exceed this pair's ratio.
-    single = offline(loaded, sentences[:128], args, 1)
+    single = offline(loaded, sentences[: 32 if args.quick else 128], args, 1)
     ceiling = reference["tokens_per_s"] / single["tokens_per_s"]
     for r in (reference, single):
         print(f"offline engine, {r['rows']:>2} rows: {r['sentences_per_s']:.2f} sentences/s, "
@@ -291,13 +318,15 @@ def main() -> int:
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps({
         "model": str(model_dir), "device": args.device, "dtype": args.dtype, "threads": args.threads, "rows": args.rows,
-        "max_new_tokens": args.max_new_tokens, "machine": {"cpu": platform.processor() or platform.machine(),
-                                                           "cores": os.cpu_count(), "torch": torch.__version__},
+        "max_new_tokens": args.max_new_tokens, "machine": machine(loaded), "quick": args.quick,
         "offline": reference, "offline_one_row": single, "batching_ceiling": ceiling, "phases": rows,
         "summary": summary,
     }, indent=2) + "\n")
-    from plots import load_plot  # matplotlib, bench extra
-
+    try:
+        from plots import load_plot  # matplotlib, bench extra
+    except ImportError as e:
+        print(f"wrote {args.out}; no plot ({e})")
+        return 0
     load_plot(rows, args.out.stem, args.out.with_suffix(".png"))
     print(f"wrote {args.out} and {args.out.with_suffix('.png')}")
     return 0

@@ -1,12 +1,16 @@
 """One engine per process: adapters for Tolk, transformers and CTranslate2, and the worker loop around them.
 
 A worker loads one engine and answers jobs (sources as pieces, so each engine keeps its own numbering) with the
-seconds its generate call took, the best hypotheses as pieces and its peak RSS (VmHWM, which a job may reset).
+seconds its generate call took, the best hypotheses as pieces, its peak RSS (VmHWM, which a job may reset) and, on
+CUDA, the peak of torch's allocator (None for CTranslate2, whose allocator torch cannot see). An engine is named
+KIND or KIND-PRECISION (tolk-bfloat16, ct2-int8_float16); see engine_kind. A worker whose engine fails to load or
+run answers with the error instead, so one missing library skips one engine, not the benchmark.
 Competitors' libraries are imported only in their own workers. Used by bench/engines.py.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import multiprocessing as mp
 import time
@@ -19,12 +23,36 @@ from typing import Any, Protocol
 import torch
 
 from model import checkpoint
+from model.decode import DecodeBatch
 from model.generation import GenerationConfig
 from model.marian_format import spm_pieces
 from model.search import generate
 
-ENGINES = ("tolk", "tolk-int8", "transformers", "ct2", "ct2-int8")
+MAX_SOURCE_TOKENS = 256  # bench/engines.py cuts sources here, as model.evaluate does
+
+ENGINES = {"cpu": ("tolk", "tolk-int8", "transformers", "ct2", "ct2-int8"),  # the default set of each device
+           "cuda": ("tolk-float16", "tolk-bfloat16", "tolk", "ct2-float16", "ct2-int8_float16", "ct2", "transformers")}
+# CTranslate2's compute types; which of them a device supports is checked when the worker loads
+CT2_COMPUTE_TYPES = ("float32", "float16", "bfloat16", "int8", "int8_float32", "int8_float16", "int8_bfloat16", "int16")
 Pieces = list[list[str]]
+
+
+def engine_kind(name: str, device: str) -> tuple[str, str]:
+    """(kind, precision) of an engine name: KIND alone is float32, except transformers on CUDA (float16);
+    KIND-PRECISION is a Tolk dtype, a CTranslate2 compute type or a transformers dtype."""
+    kind, _, precision = name.partition("-")
+    precision = precision or ("float16" if kind == "transformers" and device == "cuda" else "float32")
+    allowed = {"tolk": checkpoint.PRECISIONS if device == "cpu" else tuple(checkpoint.DTYPES),
+               "transformers": tuple(checkpoint.DTYPES), "ct2": CT2_COMPUTE_TYPES}
+    if kind not in allowed:
+        raise ValueError(f"engine {name!r}: the kind must be one of {tuple(allowed)}")
+    if precision not in allowed[kind]:
+        raise ValueError(f"engine {name!r}: {kind} on {device} takes {', '.join(allowed[kind])}")
+    return kind, precision
+
+
+class EngineFailed(RuntimeError):
+    """A worker's engine could not load or run (a missing library, an unsupported precision on this device)."""
 
 
 @dataclass(frozen=True)
@@ -41,7 +69,8 @@ class Job:
 class EngineSpec:
     """What a worker loads: an engine kind on one model's files."""
 
-    name: str  # one of ENGINES
+    name: str  # KIND or KIND-PRECISION (engine_kind)
+    device: str  # cpu or cuda
     tolk_dir: Path
     hf_dir: Path | None  # export-marian's output (None: transformers cannot run this model)
     ct2_dir: Path
@@ -50,9 +79,16 @@ class EngineSpec:
 
 
 class Engine(Protocol):
-    def encode(self, sources: Pieces) -> Any: ...  # untimed: pieces -> the engine's input
+    def encode(self, sources: Pieces) -> Any: ...  # untimed: pieces -> the engine's input (on its device)
     def generate(self, inputs: Any, job: Job) -> Any: ...  # timed
     def decode(self, outputs: Any) -> Pieces: ...  # untimed: the best hypotheses, end-of-sentence excluded
+
+
+def synchronize(device: str) -> None:
+    """Wait for the GPU's queued work, so that the clock is read after it (torch's engines; CTranslate2 returns
+    synchronously and never gets a torch CUDA context)."""
+    if device == "cuda":
+        torch.cuda.synchronize()
 
 
 def piece_ids(pieces: list[str]) -> dict[str, int]:
@@ -60,23 +96,39 @@ def piece_ids(pieces: list[str]) -> dict[str, int]:
 
 
 class TolkEngine:
-    """Tolk's offline engine (model.search.generate), float32 or int8, all sources of a job in one batch."""
+    """Tolk's offline engine (model.search.generate) in any of checkpoint.PRECISIONS, all sources of a job in one
+    batch."""
 
     def __init__(self, spec: EngineSpec) -> None:
         torch.set_num_threads(spec.threads)
-        precision = "int8" if spec.name.endswith("int8") else "float32"
-        loaded = checkpoint.load(spec.tolk_dir, device="cpu", dtype=precision)
+        self.device = spec.device
+        loaded = checkpoint.load(spec.tolk_dir, device=spec.device, dtype=engine_kind(spec.name, spec.device)[1])
         self.net = loaded.net
         self.source = piece_ids(loaded.tokenizer.vocab or spm_pieces(spec.tolk_dir / "source.spm"))
         self.target = loaded.tokenizer.vocab or spm_pieces(spec.tolk_dir / "target.spm")
+        self.batches: list[DecodeBatch] = []  # on CUDA: kept with their recorded graphs, as the server keeps one
 
     def encode(self, sources: Pieces) -> list[list[int]]:
         return [[self.source[p] for p in s] for s in sources]
 
+    def batch_for(self, rows: int, max_tgt: int) -> DecodeBatch | None:
+        """On CUDA, a DecodeBatch replaying CUDA graphs that holds the job (made, and its graphs recorded, at the
+        first job of a configuration: the untimed warm-up); None elsewhere (generate makes its own)."""
+        if not self.device.startswith("cuda"):
+            return None
+        for batch in self.batches:
+            if batch.cache.rows >= rows and batch.cache.max_tgt >= min(max_tgt, self.net.cfg.max_positions):
+                return batch
+        self.batches.append(DecodeBatch(self.net, rows, MAX_SOURCE_TOKENS, max_tgt, graphs=True))
+        return self.batches[-1]
+
     def generate(self, inputs: list[list[int]], job: Job) -> list[list[int]]:
         config = GenerationConfig(beam_size=job.beam, min_new_tokens=job.min_new, max_new_tokens=job.max_new)
+        rows = len(inputs) * job.beam
         with torch.inference_mode():
-            return [h[0].tokens for h in generate(self.net, inputs, config, max_rows=len(inputs) * job.beam)]
+            hyps = generate(self.net, inputs, config, max_rows=rows, batch=self.batch_for(rows, job.max_new))
+        synchronize(self.device)
+        return [h[0].tokens for h in hyps]
 
     def decode(self, outputs: list[list[int]]) -> Pieces:
         return [[self.target[i] for i in ids] for ids in outputs]
@@ -84,7 +136,8 @@ class TolkEngine:
 
 class TransformersEngine:
     """MarianMTModel.generate with export-marian's generation_config (which reproduces Tolk's decoding), except
-    that forced end-of-sentence is off: the length comes from min/max_new_tokens, as in the other engines."""
+    that forced end-of-sentence is off: the length comes from min/max_new_tokens, as in the other engines.
+    Loaded in the name's dtype (float32 on the CPU, float16 on CUDA unless named)."""
 
     def __init__(self, spec: EngineSpec) -> None:
         import transformers  # bench extra
@@ -92,7 +145,9 @@ class TransformersEngine:
         if spec.hf_dir is None:
             raise ValueError("the transformers engine needs export-marian's output (hf_dir)")
         torch.set_num_threads(spec.threads)
-        self.model = transformers.MarianMTModel.from_pretrained(spec.hf_dir).eval()
+        self.device = spec.device
+        dtype = checkpoint.DTYPES[engine_kind(spec.name, spec.device)[1]]
+        self.model = transformers.MarianMTModel.from_pretrained(spec.hf_dir, dtype=dtype).to(spec.device).eval()
         self.model.generation_config.update(forced_eos_token_id=None, max_length=None)  # generate() merges these
         self.source: dict[str, int] = json.loads((spec.hf_dir / "vocab.json").read_text(encoding="utf-8"))
         target = spec.hf_dir / "target_vocab.json"
@@ -102,12 +157,15 @@ class TransformersEngine:
 
     def encode(self, sources: Pieces) -> torch.Tensor:
         S = max(len(s) for s in sources)
-        return torch.tensor([[self.source[p] for p in s] + [self.pad] * (S - len(s)) for s in sources])
+        ids = [[self.source[p] for p in s] + [self.pad] * (S - len(s)) for s in sources]
+        return torch.tensor(ids, device=self.device)
 
     def generate(self, inputs: torch.Tensor, job: Job) -> torch.Tensor:
         with torch.inference_mode():
-            return self.model.generate(input_ids=inputs, attention_mask=inputs != self.pad, num_beams=job.beam,
-                                       min_new_tokens=job.min_new, max_new_tokens=job.max_new)
+            out = self.model.generate(input_ids=inputs, attention_mask=inputs != self.pad, num_beams=job.beam,
+                                      min_new_tokens=job.min_new, max_new_tokens=job.max_new)
+        synchronize(self.device)
+        return out
 
     def decode(self, outputs: torch.Tensor) -> Pieces:
         rows = [row[1:] for row in outputs.tolist()]  # drop the decoder start token
@@ -115,13 +173,16 @@ class TransformersEngine:
 
 
 class CT2Engine:
-    """A CTranslate2 Translator, float32 or int8 (quantized when loaded), one batch per job."""
+    """A CTranslate2 Translator in the name's compute type (converted when loaded), one batch per job."""
 
     def __init__(self, spec: EngineSpec) -> None:
         import ctranslate2  # bench extra
 
-        compute_type = "int8" if spec.name.endswith("int8") else "float32"
-        self.translator = ctranslate2.Translator(str(spec.ct2_dir), device="cpu", compute_type=compute_type,
+        compute_type = engine_kind(spec.name, spec.device)[1]
+        supported = ctranslate2.get_supported_compute_types(spec.device)
+        if compute_type not in supported:
+            raise ValueError(f"CTranslate2 on {spec.device} supports {sorted(supported)}, not {compute_type!r}")
+        self.translator = ctranslate2.Translator(str(spec.ct2_dir), device=spec.device, compute_type=compute_type,
                                                  inter_threads=1, intra_threads=spec.threads)
         self.suppress = [[p] for p in spec.suppress] or None
 
@@ -149,40 +210,89 @@ def reset_peak() -> None:
     Path("/proc/self/clear_refs").write_text("5")  # VmHWM back to the current RSS (Linux 4.0+)
 
 
+def gpu_peak_mb(kind: str, device: str, reset: bool) -> float | None:
+    """Peak of torch's CUDA allocator since the last reset, for torch's engines on CUDA; else None."""
+    if device != "cuda" or kind == "ct2":
+        return None
+    if reset:
+        torch.cuda.reset_peak_memory_stats()
+    return torch.cuda.max_memory_allocated() / 2**20
+
+
+@dataclass(frozen=True)
+class Result:
+    """One job's answer."""
+
+    seconds: float  # the generate call alone
+    outputs: Pieces
+    peak_rss_mb: float  # VmHWM: host memory
+    peak_gpu_mb: float | None  # torch.cuda.max_memory_allocated (torch's engines on CUDA only)
+
+
+def answer(engine: Engine, job: Job, reset: bool, kind: str, device: str) -> Result:
+    if reset:
+        reset_peak()
+        gpu_peak_mb(kind, device, reset=True)
+    inputs = engine.encode(job.sources)
+    if kind != "ct2":
+        synchronize(device)
+    start = time.perf_counter()
+    outputs = engine.generate(inputs, job)  # torch's engines synchronize before returning
+    seconds = time.perf_counter() - start
+    return Result(seconds, engine.decode(outputs), memory_mb("VmHWM"), gpu_peak_mb(kind, device, reset=False))
+
+
 def serve(conn: Connection, spec: EngineSpec) -> None:
-    """Worker process: load one engine, then answer (job, reset) with (seconds, outputs, peak MB) until None."""
+    """Worker process: load one engine, then answer (job, reset) with a Result (or the EngineFailed it raised)
+    until None."""
     before = memory_mb("VmRSS")
     kinds: dict[str, Callable[[EngineSpec], Engine]] = {"tolk": TolkEngine, "transformers": TransformersEngine,
                                                          "ct2": CT2Engine}
-    engine: Engine = kinds[spec.name.split("-")[0]](spec)
+    kind = engine_kind(spec.name, spec.device)[0]
+    try:
+        engine: Engine = kinds[kind](spec)
+    except Exception as e:  # reported to the parent, which skips this engine
+        conn.send(EngineFailed(f"{spec.name} failed to load on {spec.device}: {type(e).__name__}: {e}"))
+        return
     conn.send((before, memory_mb("VmRSS")))
     while (request := conn.recv()) is not None:
         job, reset = request
-        if reset:
-            reset_peak()
-        inputs = engine.encode(job.sources)
-        start = time.perf_counter()
-        outputs = engine.generate(inputs, job)
-        seconds = time.perf_counter() - start
-        conn.send((seconds, engine.decode(outputs), memory_mb("VmHWM")))
+        try:
+            conn.send(answer(engine, job, reset, kind, spec.device))
+        except Exception as e:  # a library loaded lazily (CTranslate2's cuBLAS) fails at the first job
+            conn.send(EngineFailed(f"{spec.name} failed on {spec.device}: {type(e).__name__}: {e}"))
+            return
 
 
 class Worker:
     """The parent's end of one engine's process."""
 
     def __init__(self, spec: EngineSpec) -> None:
-        ctx = mp.get_context("spawn")  # a fresh interpreter: no memory or threads inherited from the parent
+        self.spec = spec
+        ctx = mp.get_context("spawn")  # a fresh interpreter: no memory, threads or CUDA state from the parent
         self.conn, child = ctx.Pipe()
         self.process = ctx.Process(target=serve, args=(child, spec), daemon=True)
         self.process.start()
-        self.before_load_mb, self.loaded_mb = self.conn.recv()
+        self.before_load_mb, self.loaded_mb = self.receive()
 
-    def run(self, job: Job, reset: bool = False) -> tuple[float, Pieces, float]:
+    def receive(self) -> Any:
+        """The worker's next answer; EngineFailed when it reports one or dies without answering."""
+        try:
+            message = self.conn.recv()
+        except EOFError:
+            self.process.join(5)
+            raise EngineFailed(f"{self.spec.name}'s worker exited with {self.process.exitcode}") from None
+        if isinstance(message, EngineFailed):
+            raise message
+        return message
+
+    def run(self, job: Job, reset: bool = False) -> Result:
         self.conn.send((job, reset))
-        seconds, outputs, peak = self.conn.recv()
-        return seconds, outputs, peak
+        result: Result = self.receive()
+        return result
 
     def close(self) -> None:
         if self.process.is_alive():
-            self.conn.send(None)
+            with contextlib.suppress(OSError):  # a worker that failed closes its end
+                self.conn.send(None)
         self.process.join(30)

@@ -1,0 +1,49 @@
+#!/usr/bin/env bash
+# Builds, here, what bench/gpu/run.sh needs carried to the GPU machine (which has no network), in git-ignored
+# folders that each run names in `carry`:
+#   .whl/      the server's packages the GPU image lacks, as wheels for its Python 3.12 (about 8 MB)
+#   .gpudata/  the training corpus, one .tar.xz (about 8 MB; needs data/corpus: `tolk data build`)
+#   .ct2a/ .ct2b/  CTranslate2 recompressed (xz) and cut in two halves of about 12 MB, one per run: a run carries
+#              at most 64 MiB with the working tree (about 37 MB), too little for the whole 43 MB wheel at once
+# Then the runs are, back to back (a machine is handed back 30 s after a run ends, and everything on it with it):
+#   1. carry .whl .gpudata .ct2a: TRAIN_MINUTES=M bash bench/gpu/run.sh setup train-start tests train-status collect
+#   2. carry .ct2b:               bash bench/gpu/run.sh setup step serve engines
+# Needs pip, xz, unzip and split; run from anywhere.
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+PY=${PYTHON:-.venv/bin/python}
+platforms=(--platform manylinux_2_28_x86_64 --platform manylinux_2_27_x86_64 --platform manylinux_2_17_x86_64
+           --platform manylinux2014_x86_64 --platform manylinux1_x86_64)
+download() {  # wheels for the GPU machine's CPython 3.12
+    "$PY" -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
+        "${platforms[@]}" -d "$1" "${@:2}"
+}
+pinned() {  # NAME==VERSION as installed here, so the GPU machine runs what the tests ran against
+    "$PY" -m pip show "$1" | awk -v n="$1" '/^Version:/ {print n "==" $2}'
+}
+
+rm -rf .whl && mkdir -p .whl
+names=(fastapi starlette uvicorn pydantic pydantic-core pydantic-settings python-dotenv annotated-types
+       typing-inspection python-multipart limits deprecated py3langid cachetools polib httptools annotated-doc
+       typing-extensions opentelemetry-api)
+specs=()
+for name in "${names[@]}"; do specs+=("$(pinned "$name")"); done
+download .whl "${specs[@]}"
+
+rm -rf .gpudata && mkdir -p .gpudata
+PYTHONPATH=. "$PY" bench/gpu/train.py pack-corpus --corpus data/corpus --out .gpudata/corpus.tar.xz
+
+tmp=$(mktemp -d)
+trap 'rm -rf "$tmp"' EXIT
+download "$tmp" "$(pinned ctranslate2)"
+mkdir -p "$tmp/x" && unzip -q "$tmp"/ctranslate2-*.whl -d "$tmp/x"
+tar -C "$tmp/x" -cf - . | xz -9e -T0 > "$tmp/ct2.tar.xz"
+split -n 2 -d "$tmp/ct2.tar.xz" "$tmp/ct2.part-"
+rm -rf .ct2a .ct2b && mkdir -p .ct2a .ct2b
+mv "$tmp/ct2.part-00" .ct2a/ && mv "$tmp/ct2.part-01" .ct2b/
+
+tree=$( (git ls-files -z; git ls-files -z --others --exclude-standard) | xargs -0 du -cb | tail -1 | cut -f1)
+first=$(du -cb .whl .gpudata .ct2a | tail -1 | cut -f1)
+echo "working tree $((tree / 1000000)) MB; first run carries $((first / 1000000)) MB more;" \
+     "limit $((64 * 1048576 / 1000000)) MB in all"
+[ $((tree + first)) -lt $((64 * 1048576)) ] || { echo "too large for one run: carry less"; exit 1; }
