@@ -7,7 +7,10 @@
 #              at most 64 MiB with the working tree (about 37 MB), too little for the whole 43 MB wheel at once
 # Then the runs are, back to back (a machine is handed back 30 s after a run ends, and everything on it with it):
 #   1. carry .whl .gpudata .ct2a: TRAIN_MINUTES=M bash bench/gpu/run.sh setup train-start tests train-status collect
-#   2. carry .ct2b:               bash bench/gpu/run.sh setup step serve engines
+#   2. carry .ct2b:               bash bench/gpu/run.sh setup step profile serve      (about 5 minutes)
+#   3. nothing more to carry:     bash bench/gpu/run.sh engines                       (about 7 minutes)
+# One session has about 30 minutes of GPU time, the machine's start included; the 2026-11-22 session spent 4
+# minutes of training, 5 of step and server, 4 of engines. Put OUT=$OUT before bash: results come back from $OUT.
 # Needs pip, xz, unzip and split; run from anywhere.
 set -euo pipefail
 cd "$(dirname "$0")/../.."

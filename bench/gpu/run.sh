@@ -11,6 +11,7 @@
 #   tests           the CUDA tests: tests/test_cuda.py, tests/test_graphs.py and the model's tests
 #   suite           the whole test suite, as far as the machine's packages allow (torch 2.11 compatibility)
 #   step            the decoder step eager against CUDA graphs (bench/gpu/step.py)
+#   profile         where one offline generate call spends its time, eager and with graphs (bench/gpu/profile.py)
 #   engines         bench/engines.py: Tolk against CTranslate2 and transformers
 #   serve           bench/serve.py: the server under 1 to 64 clients against itself unbatched
 #   train-status    print the training runs' progress
@@ -132,6 +133,18 @@ stage_engines() {
         --out "$OUT/engines-cuda-corpus.json"
 }
 
+stage_profile() {
+    if cpu; then
+        printf '%s\n' "Open the file." "The disk is full." "Save the document before closing the window." \
+            "An unexpected error occurred." > "$WORK/profile.en"
+        $PY bench/gpu/profile.py --src "$WORK/profile.en" --device cpu --dtype float32 --batches 1 2 >/dev/null
+        return
+    fi
+    local corpus
+    corpus=$(corpus_dir) || return 1
+    $PY bench/gpu/profile.py --src "$corpus/test.en" --sentences 128 --batches 1 8 32 --out "$OUT/profile-cuda"
+}
+
 stage_serve() {
     if cpu; then
         $PY bench/serve.py --tiny --clients 1 4 --quick --out "$OUT/serve-dry.json"
@@ -147,7 +160,7 @@ for stage in "$@"; do
     echo "=== $stage ($DEVICE) $(date -u +%T)"
     start=$SECONDS
     case $stage in
-        setup|train-start|train-status|collect|tests|suite|step|engines|serve) "stage_$stage" ;;
+        setup|train-start|train-status|collect|tests|suite|step|profile|engines|serve) "stage_$stage" ;;
         *) echo "unknown stage $stage"; false ;;
     esac
     rc=$?
