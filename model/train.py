@@ -17,7 +17,7 @@ from typing import Any, TextIO
 import sentencepiece as spm
 import torch
 import torch.nn.functional as F
-from safetensors.torch import load_file, save_file
+from safetensors.torch import load_file, load_model, save_file
 
 from model import checkpoint
 from model.buckets import collate, make_batches
@@ -68,6 +68,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--seed", type=int, default=1)
     p.add_argument("--export", type=Path, default=None, help="write the averaged model directory here and stop")
     p.add_argument("--default-beam-size", type=int, default=1, help="the exported model's default beam size")
+    p.add_argument("--init", type=Path, default=None,
+                   help="a new run starts from this model directory's weights (same architecture and vocabulary), "
+                        "e.g. an earlier run's export: training carried across machines")
     p.add_argument("--weights-dtype", choices=checkpoint.STORAGE_DTYPES, default="float32",
                    help="the exported weights' dtype: float16 ships half the bytes and loads as float32")
 
@@ -192,6 +195,20 @@ def main(args: argparse.Namespace) -> int:
     return 0
 
 
+def init_weights(model: Transformer, directory: Path, spm_path: Path) -> None:
+    """Start from a model directory's weights; its architecture and vocabulary must be the run's."""
+    meta = checkpoint.read_meta(directory)
+    shape = {k: v for k, v in meta.cfg.to_dict().items() if k not in ("dropout", "attention_dropout")}
+    ours = {k: v for k, v in model.cfg.to_dict().items() if k not in ("dropout", "attention_dropout")}
+    if shape != ours:
+        raise ValueError(f"--init {directory}: its architecture differs from the run's: "
+                         f"{ {k: (v, ours[k]) for k, v in shape.items() if ours.get(k) != v} }")
+    if (directory / "source.spm").read_bytes() != spm_path.read_bytes():
+        raise ValueError(f"--init {directory}: its vocabulary is not the run's ({spm_path})")
+    load_model(model, str(directory / "model.safetensors"), strict=True)  # tied tables saved once; float16 upcast
+    log.info("started from the weights of %s", directory)
+
+
 class Trainer:
     """The training loop's state: model, optimizer, position in the data; saved and restored whole."""
 
@@ -218,6 +235,8 @@ class Trainer:
             self.opt.load_state_dict(state["opt"])
             self.step, self.epoch, self.position = state["step"], state["epoch"], state["position"]
             log.info("resumed at step %d (epoch %d, batch %d)", self.step, self.epoch, self.position)
+        elif args.init is not None:
+            init_weights(self.model, args.init, spm_path)
         log.info("%s->%s model: %s, %.1fM parameters, %d training pairs, device %s", source, target, cfg.to_dict(),
                  self.model.num_parameters() / 1e6, len(self.src), self.device)
 

@@ -116,3 +116,26 @@ def test_save_refuses_other_storage_dtypes(tiny_loaded: checkpoint.LoadedModel, 
     spm = tiny_model_dir / "source.spm"
     with pytest.raises(ValueError, match="weights_dtype"):
         checkpoint.save(tmp_path, tiny_loaded.model, tiny_loaded.info, spm, spm, weights_dtype="int8")
+
+
+def test_a_run_starts_from_an_exported_model(tiny_model_dir: Path, tmp_path: Path) -> None:
+    """--init: a new run begins with the given model's weights (its first snapshot equals them after 0 steps of
+    change), and a model of another architecture is refused by name."""
+    corpus = write_corpus(tmp_path / "corpus")
+    common = ("--corpus", str(corpus), "--spm", str(tiny_model_dir / "source.spm"), "--arch", "tiny", "--device",
+              "cpu", "--threads", "1", "--max-tokens", "256", "--eval-every", "1000")
+    first = tmp_path / "first"
+    assert train.main(train_args(*common, "--run", str(first), "--max-steps", "3", "--save-every", "3", "--lr", "0.05",
+                                 "--warmup", "1")) == 0  # weights far from the seed's: the check below can tell
+    assert train.main(train_args(*common, "--run", str(first), "--export", str(tmp_path / "model"),
+                                 "--average", "1")) == 0
+    second = tmp_path / "second"
+    assert train.main(train_args(*common, "--run", str(second), "--init", str(tmp_path / "model"), "--lr", "0",
+                                 "--max-steps", "1", "--save-every", "1")) == 0
+    exported = checkpoint.load(tmp_path / "model", device="cpu", keep_modules=True).model
+    state = torch.load(second / "state.pt", weights_only=True)["model"]
+    for name, value in exported.state_dict().items():  # lr 0: one step changes nothing
+        torch.testing.assert_close(state[name], value, msg=name)
+    with pytest.raises(ValueError, match="architecture differs"):
+        train.main(train_args(*common, "--run", str(tmp_path / "third"), "--arch", "small", "--init",
+                              str(tmp_path / "model"), "--max-steps", "1"))

@@ -11,7 +11,7 @@
 #   tests           the CUDA tests: tests/test_cuda.py, tests/test_graphs.py and the model's tests
 #   suite           the whole test suite, as far as the machine's packages allow (torch 2.11 compatibility)
 #   step            the decoder step eager against CUDA graphs (bench/gpu/step.py)
-#   profile         where one offline generate call spends its time, eager and with graphs (bench/gpu/profile.py)
+#   profile         where one offline generate call spends its time, eager and with graphs (bench/gpu/stages.py)
 #   engines         bench/engines.py: Tolk against CTranslate2 and transformers
 #   serve           bench/serve.py: the server under 1 to 64 clients against itself unbatched
 #   train-status    print the training runs' progress
@@ -137,12 +137,12 @@ stage_profile() {
     if cpu; then
         printf '%s\n' "Open the file." "The disk is full." "Save the document before closing the window." \
             "An unexpected error occurred." > "$WORK/profile.en"
-        $PY bench/gpu/profile.py --src "$WORK/profile.en" --device cpu --dtype float32 --batches 1 2 >/dev/null
+        $PY bench/gpu/stages.py --src "$WORK/profile.en" --device cpu --dtype float32 --batches 1 2 >/dev/null
         return
     fi
     local corpus
     corpus=$(corpus_dir) || return 1
-    $PY bench/gpu/profile.py --src "$corpus/test.en" --sentences 128 --batches 1 8 32 --out "$OUT/profile-cuda"
+    $PY bench/gpu/stages.py --src "$corpus/test.en" --sentences 128 --batches 1 8 32 --out "$OUT/profile-cuda"
 }
 
 stage_serve() {

@@ -108,6 +108,7 @@ def start(args: argparse.Namespace) -> int:
     args.work.mkdir(parents=True, exist_ok=True)
     corpus = unpacked_corpus(args.corpus, args.work)
     chosen = [r for r in RUNS if r.name in args.runs]
+    inits = dict((name, Path(directory)) for name, _, directory in (i.partition("=") for i in args.init))
     for spec in chosen:
         run = run_dir(args.work, spec.name).resolve()
         run.mkdir(parents=True, exist_ok=True)
@@ -115,8 +116,11 @@ def start(args: argparse.Namespace) -> int:
             print(f"{spec.name}: already running (pid {(run / 'pid').read_text().strip()})")
             continue
         (run / "done.json").unlink(missing_ok=True)
+        argv = train_argv(spec, corpus, run, args.minutes, args.device, args.spm.resolve(), args.dry_run)
+        if spec.name in inits:
+            argv += ["--init", str(inits[spec.name].resolve())]
         plan = {"spec": asdict(spec), "minutes": args.minutes, "dry_run": args.dry_run, "corpus": str(corpus),
-                "train": train_argv(spec, corpus, run, args.minutes, args.device, args.spm.resolve(), args.dry_run),
+                "train": argv,
                 "export": ["--run", str(run), "--corpus", str(corpus), "--export", str(run / "export"),
                            "--average", str((DRY_TRAINING if args.dry_run else GPU_TRAINING)["average"]),
                            "--weights-dtype", "float16", "--device", "cpu"]}
@@ -306,6 +310,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--device", default="cuda")
     p.add_argument("--spm", type=Path, default=REPO / "weights/en-pt/source.spm", help="the runs' vocabulary")
     p.add_argument("--dry-run", action="store_true", help="tiny architecture, a few steps: checks the path")
+    p.add_argument("--init", nargs="*", default=[], metavar="RUN=MODEL_DIR",
+                   help="that run starts from these weights (e.g. a previous session's model, rebuilt by join and "
+                        "carried): training accumulates across GPU sessions")
     p.set_defaults(handler=start)
     p = sub.add_parser("worker", help=argparse.SUPPRESS)
     p.add_argument("run", type=Path)

@@ -6,7 +6,7 @@ CUDA graphs, stage by stage (encoder, decoder step, search, packing rows; the de
 so time lands where it is spent), counts steps, and profiles one call with torch.profiler (the top operators by
 host and by device time). Prints tables and writes JSON and the profiler's tables as text.
 
-    python bench/gpu/profile.py --src data/corpus/test.en --out bench/results/profile-cuda
+    python bench/gpu/stages.py --src data/corpus/test.en --out bench/results/profile-cuda
 """
 
 from __future__ import annotations
