@@ -12,6 +12,7 @@ from __future__ import annotations
 import math
 import threading
 from dataclasses import dataclass, replace
+from typing import Protocol
 
 from cachetools import LRUCache
 
@@ -80,6 +81,33 @@ def streams_tokens(config: GenerationConfig) -> bool:
     return config.beam_size == 1
 
 
+def needed_rank(key: CacheKey, stream: bool, scores: bool) -> int:
+    """The least `Entry.rank` that answers this sentence: token log-probs to stream tokens, else scores if asked."""
+    return 2 if stream and streams_tokens(key[1]) else int(scores)
+
+
+def make_entry(key: CacheKey, event: FinishEvent, logprobs: list[float] | None) -> Entry:
+    """The entry of a finished sentence (log-probs only when they cover every token of the best hypothesis)."""
+    if logprobs is not None and len(logprobs) != len(event.hypotheses[0].tokens):
+        logprobs = None  # tokens that never streamed (cannot happen for a whole decode; be safe)
+    size = len(key[0]) + sum(len(h.tokens) for h in event.hypotheses) + len(logprobs or ()) + 1
+    return Entry(event.hypotheses, event.finish_reason, tuple(logprobs) if logprobs is not None else None, size)
+
+
+Finished = tuple[CacheKey, FinishEvent, list[float] | None]  # a sentence to keep, with its streamed log-probs
+
+
+class Cache(Protocol):
+    """What the scheduler asks of a translation cache: in memory (`TranslationCache`) or in Redis
+    (server.shared_cache)."""
+
+    enabled: bool
+    errors: int  # lookups and writes that failed
+
+    def lookup(self, keys: list[CacheKey | None], stream: bool, scores: list[bool]) -> dict[int, Entry]: ...
+    def put_many(self, finished: list[Finished]) -> None: ...
+
+
 class TranslationCache:
     """An LRU map from sentences to their finished translations, safe to use from several threads, bounded by
     `entries` x TOKENS_PER_ENTRY tokens (sources and translations together)."""
@@ -88,6 +116,7 @@ class TranslationCache:
         self._lru: LRUCache[CacheKey, Entry] = LRUCache(maxsize=max(entries, 1) * TOKENS_PER_ENTRY,
                                                         getsizeof=lambda e: e.size)
         self.enabled = entries > 0
+        self.errors = 0  # nothing fails in memory
         self._lock = threading.Lock()
 
     def get(self, key: CacheKey | None, stream: bool, scores: bool = True) -> Entry | None:
@@ -97,23 +126,27 @@ class TranslationCache:
             return None
         with self._lock:
             entry = self._lru.get(key)
-        need = 2 if stream and streams_tokens(key[1]) else int(scores)
-        return entry if entry is not None and entry.rank >= need else None
+        return entry if entry is not None and entry.rank >= needed_rank(key, stream, scores) else None
+
+    def lookup(self, keys: list[CacheKey | None], stream: bool, scores: list[bool]) -> dict[int, Entry]:
+        """The entries that answer a request's sentences, by index (`get` of each)."""
+        return {i: e for i, key in enumerate(keys) if (e := self.get(key, stream, scores[i])) is not None}
 
     def put(self, key: CacheKey, event: FinishEvent, logprobs: list[float] | None) -> None:
         """Keep a finished sentence; an entry is never replaced by one that can answer less (`Entry.rank`)."""
         if not self.enabled:
             return
-        if logprobs is not None and len(logprobs) != len(event.hypotheses[0].tokens):
-            logprobs = None  # tokens that never streamed (cannot happen for a whole decode; be safe)
-        size = len(key[0]) + sum(len(h.tokens) for h in event.hypotheses) + len(logprobs or ()) + 1
-        if size > self._lru.maxsize:
+        entry = make_entry(key, event, logprobs)
+        if entry.size > self._lru.maxsize:
             return  # larger than the whole cache
-        entry = Entry(event.hypotheses, event.finish_reason, tuple(logprobs) if logprobs is not None else None, size)
         with self._lock:
             old = self._lru.get(key)
             if old is None or old.rank <= entry.rank:
                 self._lru[key] = entry
+
+    def put_many(self, finished: list[Finished]) -> None:
+        for key, event, logprobs in finished:
+            self.put(key, event, logprobs)
 
     def __len__(self) -> int:
         return len(self._lru)

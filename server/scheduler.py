@@ -19,12 +19,13 @@ from dataclasses import dataclass, field
 
 from model.events import Event, FinishEvent, TokenEvent
 from model.generation import GenerationConfig
-from server.cache import CacheKey, TranslationCache, cache_keys
+from server.cache import CacheKey, Finished, cache_keys
 from server.errors import EngineFailure, NotReady, Overloaded, ShuttingDown, TolkError
 from server.jobs import Job, deliver
 from server.messages import Cancel, Exited, Output, Ready, Submit, Target
 from server.metrics import Metrics, SchedulerStats
 from server.settings import Settings
+from server.shared_cache import open_cache
 from server.transport import Transport
 
 log = logging.getLogger(__name__)
@@ -71,7 +72,7 @@ class Scheduler:
         self._left = 0  # of those, how many have left its queue (admitted or dropped), as it last said
         self._stopping = threading.Event()
         self._failure: str | None = None
-        self.cache = TranslationCache(settings.translation_cache_entries)
+        self.cache = open_cache(settings, target.name, target.directory)
 
     @property
     def running(self) -> bool:
@@ -122,7 +123,8 @@ class Scheduler:
         # Samples get their seed now, so that a sentence decoded again after an out-of-memory error comes out the same.
         configs = [c.update(seed=random.getrandbits(62)) if c.do_sample and c.seed is None else c for c in configs]
         keys = cache_keys(sources, configs)
-        hits = {i: e for i, key in enumerate(keys) if (e := self.cache.get(key, stream, configs[i].scores)) is not None}
+        failures = self.cache.errors
+        hits = self.cache.lookup(keys, stream, [c.scores for c in configs]) if self.cache.enabled else {}
         first: dict[CacheKey, int] = {}  # a sentence repeated within the request is decoded once
         copies: dict[int, list[int]] = {}
         sent = []
@@ -137,8 +139,9 @@ class Scheduler:
             sent.append(i)
         if self.cache.enabled:
             kept = len(keys) - keys.count(None)  # sampled sentences are neither hits nor misses
+            missed = "error" if self.cache.errors > failures else "miss"  # the shared cache could not be read
             self._metrics.translation_cache.labels(model=self.name, result="hit").inc(len(hits))
-            self._metrics.translation_cache.labels(model=self.name, result="miss").inc(kept - len(hits))
+            self._metrics.translation_cache.labels(model=self.name, result=missed).inc(kept - len(hits))
         with self._lock:
             if sent and self.queued and self.queued + len(sent) > self.settings.max_queue:
                 raise Overloaded("too many sentences are waiting; retry later", self.settings.retry_after)
@@ -177,6 +180,7 @@ class Scheduler:
             return
         message.stats.apply(self._metrics, self.name)
         out: dict[Job, list[Event | TolkError]] = {}
+        finished: list[Finished] = []
         with self._lock:
             self._left = message.left
             for request, events in message.events.items():
@@ -193,20 +197,22 @@ class Scheduler:
                         entry.due.clear()
                     elif isinstance(event, FinishEvent):
                         entry.due.discard(event.sentence)
-                        self._keep(entry, event)
+                        self._keep(entry, event, finished)
                     elif isinstance(event, TokenEvent) and entry.job.stream:
                         entry.logprobs.setdefault(event.sentence, []).append(event.logprob)
                 if not entry.due:
                     del self._jobs[request]
                 out[entry.job] = events
         deliver(out)
+        if self.cache.enabled:
+            self.cache.put_many(finished)  # after delivering, and outside the lock: Redis is a round trip away
 
-    def _keep(self, entry: _Open, event: FinishEvent) -> None:
-        """A finished sentence goes into the translation cache (with its streamed token log-probs, if any)."""
+    def _keep(self, entry: _Open, event: FinishEvent, finished: list[Finished]) -> None:
+        """A finished sentence is to go into the translation cache (with its streamed token log-probs, if any)."""
         key = entry.keys[event.sentence]
         if key is not None:
             streamed = entry.job.stream and key[1].beam_size == 1
-            self.cache.put(key, event, entry.logprobs.pop(event.sentence, []) if streamed else None)
+            finished.append((key, event, entry.logprobs.pop(event.sentence, []) if streamed else None))
 
     def _fail_all(self, error: TolkError) -> None:
         with self._lock:

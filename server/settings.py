@@ -55,6 +55,10 @@ class Settings(BaseSettings):
                                            "and answered again without decoding (same source, same settings; "
                                            "sampling is never kept), bounded as this many sentences of 64 tokens "
                                            "(source and translations); 0 = off")
+    cache_url: str | None = Field(default=None, description="redis://host:port/db: the translation cache lives in "
+                                  "Redis, shared by every replica serving the same model files "
+                                  "(TOLK_TRANSLATION_CACHE_ENTRIES is then unused; bound it with Redis's maxmemory)")
+    cache_ttl: float = Field(default=7 * 86400, gt=0, description="seconds a sentence stays in the Redis cache")
     retry_after: int = Field(default=1, ge=1, description="seconds suggested in Retry-After with a 429")
 
     # Limits of requests
