@@ -18,6 +18,7 @@ from model.checkpoint import ModelMeta, read_meta, resolve_device
 from model.generation import GenerationConfig
 from server import limits
 from server.errors import NotFound, NotReady, UnsupportedLanguage
+from server.languages import match
 from server.messages import Target
 from server.metrics import Metrics
 from server.plan import Translation, make_plan
@@ -157,6 +158,8 @@ class Registry:
         """The languages that some model translates into `target` (into anything when None), sorted."""
         if not self.models:
             raise NotReady("no model is loaded yet")
+        if target is not None:
+            target = match(target, (m.target for m in self.models)) or target
         found = sorted({m.source for m in self.models if target is None or m.target == target})
         if not found:
             pairs = ", ".join(f"{m.source} -> {m.target}" for m in self.models)
@@ -167,6 +170,10 @@ class Registry:
         """The model for a language pair; source 'auto' and a missing target pick the only candidate."""
         if not self.models:
             raise NotReady("no model is loaded yet")
+        if source != "auto":
+            source = match(source, (m.source for m in self.models)) or source
+        if target is not None:
+            target = match(target, (m.target for m in self.models)) or target
         found = [m for m in self.models if (source == "auto" or m.source == source)
                  and (target is None or m.target == target)]
         if len(found) == 1:
