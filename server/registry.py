@@ -166,6 +166,13 @@ class Registry:
             raise UnsupportedLanguage(f"no model translates into {target}; this server has {pairs}")
         return found
 
+    def target_language(self, target: str | None) -> str | None:
+        """The served language a client's target means (the only one when it names none), or None."""
+        served = {m.target for m in self.models}
+        if target is None:
+            return next(iter(served)) if len(served) == 1 else None
+        return match(target, served)
+
     def find(self, source: str, target: str | None) -> ServedModel:
         """The model for a language pair; source 'auto' and a missing target pick the only candidate."""
         if not self.models:

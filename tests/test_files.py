@@ -423,10 +423,10 @@ def test_a_file_is_read_off_the_event_loop(client: TestClient, monkeypatch: pyte
     """While a slow file is parsed, other requests are answered at once."""
     reading = threading.Event()
 
-    def slow(data: bytes, name: str, limits: documents.Limits) -> documents.Document:
+    def slow(data: bytes, name: str, limits: documents.Limits, target: str | None) -> documents.Document:
         reading.set()
         time.sleep(1.0)
-        return read_txt(data, name, limits)
+        return read_txt(data, name, limits, target)
 
     monkeypatch.setattr(documents, "FORMATS", (documents.Format((".txt",), "text/plain", slow),))
     with ThreadPoolExecutor(1) as pool:

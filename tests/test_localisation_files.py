@@ -20,7 +20,7 @@ from lxml import etree
 from server.app import create_app
 from server.documents.gettext import put_accelerator, strip_accelerator
 from server.documents.xliff import XLIFF_12, XLIFF_20
-from tests.test_files import translate_file
+from tests.test_files import translate_file, upload
 from tests.test_placeholders import kept
 from tests.test_server_api import server_settings
 
@@ -118,6 +118,23 @@ def test_pot_gets_plural_forms_and_charset(client: TestClient) -> None:
     po = translated_po(client, "app.pot", POT)
     assert po.metadata["Content-Type"] == "text/plain; charset=UTF-8"
     assert po.metadata["Plural-Forms"] == "nplurals=2; plural=(n != 1);"
+    assert po.metadata["Language"] == "pt"  # a template becomes a catalog of the language translated into
+
+
+def test_a_catalog_without_language_takes_the_plural_forms_of_the_target(tiny_model_dir: Path) -> None:
+    """The target language of the request (here the model's ja, asked as ja-JP) decides the plural forms and the
+    Language header when the catalog names none."""
+    japanese = tiny_model_dir.parent / "tiny-en-ja"
+    if not japanese.exists():
+        shutil.copytree(tiny_model_dir, japanese)
+        info = japanese / "info.json"
+        info.write_text(info.read_text().replace('"pt"', '"ja"').replace("tiny-en-pt", "tiny-en-ja"))
+    with TestClient(create_app(server_settings(japanese))) as c:
+        r = c.get(upload(c, "app.pot", POT.encode(), target="ja-JP")["translatedFileUrl"])
+    assert r.status_code == 200, r.text
+    po = polib.pofile(r.content.decode())
+    assert po.metadata["Language"] == "ja" and po.metadata["Plural-Forms"] == "nplurals=1; plural=0;"
+    assert all(len(e.msgstr_plural) == 1 for e in po if e.msgid_plural)
 
 
 def test_po_plural_forms_follow_the_language(client: TestClient) -> None:
@@ -254,6 +271,17 @@ def test_xliff_20_targets(client: TestClient) -> None:
     assert sorted((c.tag.split("}")[1], c.get("id")) for c in target.iter() if c is not target) == [
         ("pc", "1"), ("ph", "2")]
     assert untranslatable.find("x:target", ns) is None
+    assert after.get("trgLang") == "pt"
+
+
+@pytest.mark.parametrize("version", ["1.2", "2.0"])
+def test_xliff_without_a_target_language_gets_the_one_translated_into(client: TestClient, version: str) -> None:
+    """XLIFF 2.0 requires trgLang once a target exists; 1.2 tools read <file target-language>."""
+    text = (XLIFF20.replace(' trgLang="pt"', "") if version == "2.0"
+            else XLIFF12.replace(' target-language="pt"', ""))
+    after = xml(translate_file(client, "app.xlf", text.encode(), XLIFF_MEDIA))
+    named = after.get("trgLang") if version == "2.0" else after.find(f"{{{XLIFF_12}}}file").get("target-language")
+    assert named == "pt"
 
 
 LAUGHS = ('<?xml version="1.0"?><!DOCTYPE xliff [<!ENTITY lol "lol">'

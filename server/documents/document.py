@@ -14,4 +14,4 @@ class Document:
     rebuild: Callable[[list[str]], bytes]  # the translated file, from the translation of each text
 
 
-Reader = Callable[[bytes, str, Limits], Document]  # (the file's bytes, its name, the limits of archives)
+Reader = Callable[[bytes, str, Limits, str | None], Document]  # (bytes, name, limits of archives, target language)

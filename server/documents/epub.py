@@ -23,7 +23,7 @@ NCX = "http://www.daisy.org/z3986/2005/ncx/"
 LABELS = Dialect(paragraphs=qualify(DC, "title", "description") | qualify(NCX, "text"))
 
 
-def read_epub(data: bytes, name: str, limits: Limits) -> Document:
+def read_epub(data: bytes, name: str, limits: Limits, target: str | None = None) -> Document:
     entries = read_zip(data, name, limits)
     by_name = entry_map(entries)
     mimetype = by_name.get("mimetype")

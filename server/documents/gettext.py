@@ -51,9 +51,10 @@ _NPLURALS = re.compile(r"nplurals\s*=\s*(\d+)")
 _ACCELERATOR = re.compile(r"(?<![\w&_])([_&])(?=[^\W_])(?!(?<=&)(?:[A-Za-z][A-Za-z0-9]*|#\d+|#[xX][0-9A-Fa-f]+);)")
 
 
-def plural_forms(po: polib.POFile) -> str:
-    """The Plural-Forms of the catalog's language (its header, else its own Plural-Forms, else English-like)."""
-    language = po.metadata.get("Language", "").strip().replace("-", "_")
+def plural_forms(po: polib.POFile, target: str | None = None) -> str:
+    """The Plural-Forms of the catalog's language (its header, else the language translated into, else its own
+    Plural-Forms, else English-like)."""
+    language = (po.metadata.get("Language", "").strip() or target or "").replace("-", "_")
     if language in PLURAL_FORMS:
         return PLURAL_FORMS[language]
     if language.split("_")[0] in PLURAL_FORMS:
@@ -88,7 +89,7 @@ def put_accelerator(text: str, accelerator: Accelerator | None) -> str:
     return text[:at] + accelerator.marker + text[at:]
 
 
-def read_po(data: bytes, name: str, limits: Limits) -> Document:
+def read_po(data: bytes, name: str, limits: Limits, target: str | None = None) -> Document:
     """A .po or .pot catalog: one text per untranslated msgid and msgid_plural."""
     try:
         text = data.decode("utf-8-sig")
@@ -100,7 +101,7 @@ def read_po(data: bytes, name: str, limits: Limits) -> Document:
         po = polib.pofile(text, wrapwidth=78)
     except (OSError, ValueError) as exc:
         raise InvalidDocument(f"{name} is not a valid gettext catalog ({exc})") from exc
-    forms = plural_forms(po)
+    forms = plural_forms(po, target)
     nplurals = int(_NPLURALS.search(forms).group(1))  # type: ignore[union-attr]
     texts: list[str] = []
     fills: list[Callable[[list[str]], None]] = []
@@ -116,6 +117,8 @@ def read_po(data: bytes, name: str, limits: Limits) -> Document:
         po.metadata["Content-Type"] = "text/plain; charset=UTF-8"
         po.metadata.setdefault("Content-Transfer-Encoding", "8bit")
         po.metadata["Plural-Forms"] = forms
+        if target and not po.metadata.get("Language", "").strip():  # a template (.pot) becomes a catalog of target
+            po.metadata["Language"] = target.replace("-", "_")
         po.encoding = "utf-8"
         return str(po).encode("utf-8") + b"\n"
 

@@ -102,17 +102,17 @@ def read_package(data: bytes, name: str, limits: Limits, package: Package) -> Do
     return Document([to_markup([span.text for span in unit]) for unit in units], rebuild)
 
 
-def read_docx(data: bytes, name: str, limits: Limits) -> Document:
+def read_docx(data: bytes, name: str, limits: Limits, target: str | None = None) -> Document:
     return read_package(data, name, limits, DOCX)
 
 
-def read_pptx(data: bytes, name: str, limits: Limits) -> Document:
+def read_pptx(data: bytes, name: str, limits: Limits, target: str | None = None) -> Document:
     return read_package(data, name, limits, PPTX)
 
 
-def read_odt(data: bytes, name: str, limits: Limits) -> Document:
+def read_odt(data: bytes, name: str, limits: Limits, target: str | None = None) -> Document:
     return read_package(data, name, limits, ODT)
 
 
-def read_odp(data: bytes, name: str, limits: Limits) -> Document:
+def read_odp(data: bytes, name: str, limits: Limits, target: str | None = None) -> Document:
     return read_package(data, name, limits, ODP)

@@ -7,13 +7,13 @@ from server.documents.document import Document
 from server.documents.markup import decode_text, encode_text, from_markup, to_markup
 
 
-def read_txt(data: bytes, name: str, limits: Limits) -> Document:
+def read_txt(data: bytes, name: str, limits: Limits, target: str | None = None) -> Document:
     """The whole file is one text: every line break, blank line and indentation is kept (`server/text.py`)."""
     text, encoding = decode_text(data, name)
     return Document([to_markup([text])], lambda out: encode_text(from_markup(out[0], 1)[0], encoding))
 
 
-def read_html(data: bytes, name: str, limits: Limits) -> Document:
+def read_html(data: bytes, name: str, limits: Limits, target: str | None = None) -> Document:
     """The page is one text in /translate's `format: html`: markup, scripts and styles are copied as they are."""
     text, encoding = decode_text(data, name)
     return Document([text], lambda out: encode_text(out[0], encoding))

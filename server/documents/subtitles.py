@@ -113,9 +113,9 @@ def read_subtitles(data: bytes, name: str, vtt: bool) -> Document:
     return Document([to_markup(cue.spans) for cue in cues], rebuild)
 
 
-def read_srt(data: bytes, name: str, limits: Limits) -> Document:
+def read_srt(data: bytes, name: str, limits: Limits, target: str | None = None) -> Document:
     return read_subtitles(data, name, vtt=False)
 
 
-def read_vtt(data: bytes, name: str, limits: Limits) -> Document:
+def read_vtt(data: bytes, name: str, limits: Limits, target: str | None = None) -> Document:
     return read_subtitles(data, name, vtt=True)

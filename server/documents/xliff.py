@@ -113,7 +113,7 @@ def unflatten(target: Element, text: str, elements: list[Element], pairs: bool =
     return nested and len(stack) == 1
 
 
-def read_xliff(data: bytes, name: str, limits: Limits) -> Document:
+def read_xliff(data: bytes, name: str, limits: Limits, target: str | None = None) -> Document:
     """An XLIFF 1.2 or 2.0 file: one text per source without a translation."""
     tree = parse_xml(data, name)
     root = tree.getroot()
@@ -133,9 +133,23 @@ def read_xliff(data: bytes, name: str, limits: Limits) -> Document:
     def rebuild(out: list[str]) -> bytes:
         for fill, translated in zip(fills, out, strict=True):
             fill(from_markup(translated, 1)[0])
+        if target and fills:
+            _name_target(root, namespace, target)
         return serialize_xml(tree, data)
 
     return Document(texts, rebuild)
+
+
+def _name_target(root: Element, namespace: str, target: str) -> None:
+    """Targets were written: say their language where the file does not (2.0 requires `trgLang` once a target
+    exists; 1.2's `<file target-language>` is optional but tools read it)."""
+    if namespace == XLIFF_20:
+        if not root.get("trgLang"):
+            root.set("trgLang", target)
+        return
+    for file in root.iter(f"{{{XLIFF_12}}}file"):
+        if not file.get("target-language"):
+            file.set("target-language", target)
 
 
 def _mark(namespace: str, holder: Element, target: Element) -> None:

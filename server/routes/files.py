@@ -96,10 +96,11 @@ async def read_upload(request: Request, settings: Settings) -> Upload:
                   fields.get("api_key") or None, fields)
 
 
-def read_document(fmt: Format, upload: Upload, limits: Limits, max_chars: int) -> tuple[Document, str, int]:
+def read_document(fmt: Format, upload: Upload, limits: Limits, max_chars: int,
+                  target: str | None) -> tuple[Document, str, int]:
     """The document's texts within the limit of characters, the start of its text (for detection), and its number
-    of characters to translate."""
-    document = fmt.read(upload.data, upload.filename, limits)
+    of characters to translate; `target`, the language translated into when known (a catalog's plural forms)."""
+    document = fmt.read(upload.data, upload.filename, limits, target)
     visible = [visible_text(text, html=True) for text in document.texts]
     chars = sum(len(v) for v in visible)
     if not any(v.strip() for v in visible):
@@ -155,7 +156,8 @@ async def prepare_file(upload: Upload, registry: Registry, detector: LazyDetecto
     """Read the file into texts (in a worker thread) and find its model; every refusal of a file happens here."""
     fmt, ext = find_format(upload.filename)
     limits = Limits(settings.max_file_expanded_bytes, settings.max_file_entries)
-    document, sample, chars = await run_in_threadpool(read_document, fmt, upload, limits, settings.max_file_chars)
+    document, sample, chars = await run_in_threadpool(read_document, fmt, upload, limits, settings.max_file_chars,
+                                                      registry.target_language(upload.target))
     detected = None
     source = upload.source
     if source == "auto":
