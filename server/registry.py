@@ -21,6 +21,7 @@ from server.errors import NotFound, NotReady, UnsupportedLanguage
 from server.languages import match
 from server.messages import Target
 from server.metrics import Metrics
+from server.pivot import PIVOT
 from server.plan import Translation, make_plan
 from server.scheduler import Scheduler
 from server.settings import Settings
@@ -154,13 +155,23 @@ class Registry:
                 return served
         raise NotFound(f"no model named {name!r}")
 
+    def targets(self) -> dict[str, list[str]]:
+        """Each source language with the targets it can be translated into, directly or through English."""
+        direct: dict[str, set[str]] = {}
+        for m in self.models:
+            direct.setdefault(m.source, set()).add(m.target)
+        through = direct.get(PIVOT, set())
+        return {source: sorted(targets | (through - {source} if PIVOT in targets else set()))
+                for source, targets in direct.items()}
+
     def sources(self, target: str | None = None) -> list[str]:
-        """The languages that some model translates into `target` (into anything when None), sorted."""
+        """The languages that some model translates into `target` (into anything when None), directly or through
+        English, sorted."""
         if not self.models:
             raise NotReady("no model is loaded yet")
         if target is not None:
             target = match(target, (m.target for m in self.models)) or target
-        found = sorted({m.source for m in self.models if target is None or m.target == target})
+        found = sorted(s for s, targets in self.targets().items() if target is None or target in targets)
         if not found:
             pairs = ", ".join(f"{m.source} -> {m.target}" for m in self.models)
             raise UnsupportedLanguage(f"no model translates into {target}; this server has {pairs}")
@@ -172,6 +183,17 @@ class Registry:
         if target is None:
             return next(iter(served)) if len(served) == 1 else None
         return match(target, served)
+
+    def pivot(self, source: str, target: str | None) -> tuple[ServedModel, ServedModel] | None:
+        """Two models through English for a pair that no model translates (source to English, English to target),
+        or None."""
+        if source == "auto" or target is None:
+            return None
+        source = match(source, (m.source for m in self.models)) or source
+        target = match(target, (m.target for m in self.models)) or target
+        first = [m for m in self.models if m.source == source and m.target == PIVOT]
+        second = [m for m in self.models if m.source == PIVOT and m.target == target]
+        return (first[0], second[0]) if first and second and PIVOT not in (source, target) else None
 
     def find(self, source: str, target: str | None) -> ServedModel:
         """The model for a language pair; source 'auto' and a missing target pick the only candidate."""

@@ -3,6 +3,7 @@
 A named source language sends every text to the one model for the pair. `auto` detects each text's language among
 the languages that have a model into the target (`server/detect.py`), so one request may go to several models:
 each model gets one job with its texts, and the answers, whole or streamed, come back by the request's indices.
+A pair that no model translates goes through English when two models make the way (`server/pivot.py`).
 """
 
 from __future__ import annotations
@@ -16,6 +17,8 @@ from typing import Any
 from starlette.concurrency import run_in_threadpool
 
 from server.detect import MAX_CHARS, Detection, LazyDetector
+from server.errors import UnsupportedLanguage
+from server.pivot import PivotTranslation
 from server.plan import PieceEvent, TextDone, TextResult, Translation
 from server.registry import Registry, ServedModel
 from server.text import split_html
@@ -25,12 +28,25 @@ from server.text import split_html
 INLINE_CHARS = 4000
 
 Event = PieceEvent | TextDone
+Translating = Translation | PivotTranslation  # what a route's texts are answered by
 
 
 @dataclass
 class Route:
-    served: ServedModel
+    served: ServedModel  # the model that answers (into the request's target)
     indices: list[int]  # the positions of its texts in the request
+    via: ServedModel | None = None  # through English: the model of the first leg (server/pivot.py)
+
+
+def direct_or_pivot(registry: Registry, source: str, target: str | None, indices: list[int]) -> Route:
+    """The pair's model, else two models through English; UnsupportedLanguage when neither exists."""
+    try:
+        return Route(registry.find(source, target), indices)
+    except UnsupportedLanguage:
+        legs = registry.pivot(source, target)
+        if legs is None:
+            raise
+        return Route(legs[1], indices, via=legs[0])
 
 
 @dataclass
@@ -48,7 +64,7 @@ async def route(registry: Registry, detector: LazyDetector, source: str, target:
                 html: bool) -> Routing:
     """The model of each text: the pair's model, or with source `auto` the model of each text's detected language."""
     if source != "auto":
-        return Routing([Route(registry.find(source, target), list(range(len(texts))))], None)
+        return Routing([direct_or_pivot(registry, source, target, list(range(len(texts))))], None)
     candidates = registry.sources(target)
     found = await detector.get()
     samples = [visible_text(text, html)[:MAX_CHARS] for text in texts]
@@ -60,14 +76,14 @@ async def route(registry: Registry, detector: LazyDetector, source: str, target:
     groups: dict[str, list[int]] = {}
     for i, d in enumerate(detected):
         groups.setdefault(d.language, []).append(i)
-    return Routing([Route(registry.find(language, target), indices) for language, indices in groups.items()],
+    return Routing([direct_or_pivot(registry, language, target, indices) for language, indices in groups.items()],
                    detected)
 
 
 class RoutedTranslation:
     """The translations of a request's routes, answered in the request's order (whole, or as one stream)."""
 
-    def __init__(self, parts: list[tuple[list[int], Translation]], detected: list[Detection] | None,
+    def __init__(self, parts: list[tuple[list[int], Translating]], detected: list[Detection] | None,
                  alternatives: int) -> None:
         self.parts = parts  # (the request's indices of its texts, their translation) per route
         self.detected = detected
@@ -77,11 +93,16 @@ class RoutedTranslation:
     async def start(cls, routing: Routing, texts: list[str], html: bool, options: dict[str, Any],
                     alternatives: int, stream: bool, timeout: float | None = None) -> RoutedTranslation:
         """Queue each route's texts with its model; if one refuses (429, bad settings), the others are cancelled."""
-        parts: list[tuple[list[int], Translation]] = []
+        parts: list[tuple[list[int], Translating]] = []
         try:
             for r in routing.routes:
-                translation = await r.served.translate([texts[i] for i in r.indices], html, options, alternatives,
-                                                       stream, timeout)
+                mine = [texts[i] for i in r.indices]
+                translation: Translating
+                if r.via is None:
+                    translation = await r.served.translate(mine, html, options, alternatives, stream, timeout)
+                else:
+                    translation = await PivotTranslation.start(r.via, r.served, mine, html, options, alternatives,
+                                                               stream, timeout)
                 parts.append((r.indices, translation))
         except BaseException:
             for _, translation in parts:
@@ -130,7 +151,7 @@ class RoutedTranslation:
                 task.cancel()
 
 
-async def _pump(k: int, translation: Translation, queue: asyncio.Queue[tuple[int, Event | Exception | None]]) -> None:
+async def _pump(k: int, translation: Translating, queue: asyncio.Queue[tuple[int, Event | Exception | None]]) -> None:
     """Route k's events into the merged queue, then None (or the error that ended it)."""
     try:
         async for event in translation.stream():

@@ -21,11 +21,9 @@ NAMES = {
 
 @router.get("/languages", response_model=list[Language], responses=error_responses(503))
 async def languages(registry: RegistryDep) -> list[Language]:
-    """Each source language with the targets it can be translated into."""
-    targets: dict[str, list[str]] = {}
-    for served in registry.models:
-        targets.setdefault(served.source, []).append(served.target)
-    return [Language(code=code, name=NAMES.get(code, code), targets=sorted(t)) for code, t in sorted(targets.items())]
+    """Each source language with the targets it can be translated into (through English too, as LibreTranslate)."""
+    targets = sorted(registry.targets().items())
+    return [Language(code=code, name=NAMES.get(code, code), targets=t) for code, t in targets]
 
 
 @router.get("/models", responses=error_responses(503))
