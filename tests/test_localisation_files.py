@@ -21,6 +21,7 @@ from server.app import create_app
 from server.documents.gettext import put_accelerator, strip_accelerator
 from server.documents.xliff import XLIFF_12, XLIFF_20
 from tests.test_files import translate_file, upload
+from tests.test_pivot import relabelled
 from tests.test_placeholders import kept
 from tests.test_server_api import server_settings
 
@@ -121,14 +122,11 @@ def test_pot_gets_plural_forms_and_charset(client: TestClient) -> None:
     assert po.metadata["Language"] == "pt"  # a template becomes a catalog of the language translated into
 
 
-def test_a_catalog_without_language_takes_the_plural_forms_of_the_target(tiny_model_dir: Path) -> None:
+def test_a_catalog_without_language_takes_the_plural_forms_of_the_target(tiny_model_dir: Path,
+                                                                         tmp_path: Path) -> None:
     """The target language of the request (here the model's ja, asked as ja-JP) decides the plural forms and the
     Language header when the catalog names none."""
-    japanese = tiny_model_dir.parent / "tiny-en-ja"
-    if not japanese.exists():
-        shutil.copytree(tiny_model_dir, japanese)
-        info = japanese / "info.json"
-        info.write_text(info.read_text().replace('"pt"', '"ja"').replace("tiny-en-pt", "tiny-en-ja"))
+    japanese = relabelled(tiny_model_dir, tmp_path, "en", "ja")
     with TestClient(create_app(server_settings(japanese))) as c:
         r = c.get(upload(c, "app.pot", POT.encode(), target="ja-JP")["translatedFileUrl"])
     assert r.status_code == 200, r.text

@@ -16,20 +16,21 @@ from server.app import create_app
 from tests.test_server_api import parse_sse, server_settings
 
 
-def relabelled(model_dir: Path, source: str, target: str) -> Path:
-    """A copy of the tiny model that says it translates source -> target (its weights do not care)."""
-    out = model_dir.parent / f"tiny-{source}-{target}"
-    if not out.exists():
-        shutil.copytree(model_dir, out)
-        info = json.loads((out / "info.json").read_text())
-        info.update(name=f"tiny-{source}-{target}", source_language=source, target_language=target)
-        (out / "info.json").write_text(json.dumps(info))
+def relabelled(model_dir: Path, directory: Path, source: str, target: str) -> Path:
+    """A copy of the tiny model, under directory, that says it translates source -> target (its weights do not
+    care)."""
+    out = directory / f"tiny-{source}-{target}"
+    shutil.copytree(model_dir, out)
+    info = json.loads((out / "info.json").read_text())
+    info.update(name=f"tiny-{source}-{target}", source_language=source, target_language=target)
+    (out / "info.json").write_text(json.dumps(info))
     return out
 
 
 @pytest.fixture(scope="module")
-def client(tiny_model_dir: Path) -> Iterator[TestClient]:
-    models = [relabelled(tiny_model_dir, "es", "en"), relabelled(tiny_model_dir, "en", "pt")]
+def client(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[TestClient]:
+    directory = tmp_path_factory.mktemp("pivot")
+    models = [relabelled(tiny_model_dir, directory, "es", "en"), relabelled(tiny_model_dir, directory, "en", "pt")]
     settings = server_settings(tiny_model_dir, scheduler_process=False).model_copy(update={"models": models})
     with TestClient(create_app(settings)) as c:
         yield c
