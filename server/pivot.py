@@ -4,6 +4,7 @@ the first has finished every text, and streams when the request streams."""
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import AsyncIterator
 from typing import TYPE_CHECKING, Any
 
@@ -48,11 +49,15 @@ class PivotTranslation:
         return self.leg
 
     async def results(self) -> list[TextResult]:
-        return await (await self._second_leg()).results()
+        return [self._through(r) for r in await (await self._second_leg()).results()]
 
     async def stream(self) -> AsyncIterator[PieceEvent | TextDone]:
         async for event in (await self._second_leg()).stream():
-            yield event
+            yield TextDone(event.index, self._through(event.result)) if isinstance(event, TextDone) else event
+
+    def _through(self, result: TextResult) -> TextResult:
+        """The second leg's result, naming both models."""
+        return dataclasses.replace(result, models=[*self.first.models, *result.models])
 
     def cancel(self) -> None:
         self.cancelled = True

@@ -224,6 +224,7 @@ class TextResult:
     input_tokens: int
     generated_tokens: int
     scores: list[float]  # best hypothesis of each sentence
+    models: list[str] = field(default_factory=list)  # that translated it, in order (two through English)
 
 
 @dataclass
@@ -241,8 +242,10 @@ class TextDone:
 class Translation:
     """A planned request and its scheduler job: wait for the results, or stream them text by text."""
 
-    def __init__(self, plan: Plan, job: Job | None, tokenizer: Tokenizer, alternatives: int = 0) -> None:
+    def __init__(self, plan: Plan, job: Job | None, tokenizer: Tokenizer, alternatives: int = 0,
+                 model: str = "") -> None:
         self.plan = plan
+        self.models = [model] if model else []
         self.job = job  # None when there is no sentence at all (HTML made only of markup)
         self.tokenizer = tokenizer
         self.alternatives = alternatives
@@ -286,7 +289,7 @@ class Translation:
                 if not ts.done:
                     sentences = self.plan.texts[t].sentences
                     yield TextDone(t, TextResult(ts.text, [], "cancelled", self.plan.input_tokens(t),
-                                                 sum(ts.pushed[s] for s in sentences), []))
+                                                 sum(ts.pushed[s] for s in sentences), [], self.models))
 
     def _result(self, t: int, finished: Mapping[int, FinishEvent], text: str | None = None) -> TextResult:
         sentences = self.plan.texts[t].sentences
@@ -305,4 +308,5 @@ class Translation:
             input_tokens=self.plan.input_tokens(t),
             generated_tokens=sum(len(h[0].tokens) for h in nbest.values()),
             scores=[h[0].score for h in nbest.values()],
+            models=self.models,
         )

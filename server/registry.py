@@ -91,7 +91,7 @@ class ServedModel:
         job = None
         if plan.sources:
             job = self.scheduler.submit(plan.sources, [config] * len(plan.sources), stream=stream, timeout=timeout)
-        return Translation(plan, job, tokenizer, alternatives)
+        return Translation(plan, job, tokenizer, alternatives, self.name)
 
 
 def new_transport(settings: Settings) -> Transport:

@@ -79,6 +79,8 @@ class TextDetails(BaseModel):
     input_tokens: int
     generated_tokens: int
     scores: list[float] = Field(description="score of the best hypothesis of each sentence")
+    models: list[str] = Field(default_factory=list, description="the models that translated the text, in order: "
+                              "two when it went through English")
 
 
 class TranslateResponse(BaseModel):

@@ -51,6 +51,13 @@ def test_a_pair_without_a_model_goes_through_english(client: TestClient) -> None
     assert translate(client, TEXTS, "es", "pt")["translatedText"] == through
 
 
+def test_details_name_the_models_used(client: TestClient) -> None:
+    through = translate(client, TEXTS, "es", "pt", options={"return_scores": True})["details"]
+    assert [d["models"] for d in through] == [["tiny-es-en", "tiny-en-pt"]] * 2
+    direct = translate(client, TEXTS[0], "es", "en", options={"return_scores": True})["details"]
+    assert direct["models"] == ["tiny-es-en"]
+
+
 def test_streamed_through_english_equals_not_streamed(client: TestClient) -> None:
     whole = translate(client, TEXTS[0], "es", "pt")["translatedText"]
     r = client.post("/translate/stream", json={"q": TEXTS[0], "source": "es", "target": "pt"})

@@ -127,7 +127,8 @@ def _response(req: TranslateRequest, detected: list[Detection] | None,
         response.detectedLanguage = _detected(detected[0]) if one else [_detected(d) for d in detected]
     if req.options.return_scores:
         details = [TextDetails(finish_reason=r.finish_reason, input_tokens=r.input_tokens,
-                               generated_tokens=r.generated_tokens, scores=r.scores) for r in results]
+                               generated_tokens=r.generated_tokens, scores=r.scores, models=r.models)
+                   for r in results]
         response.details = details[0] if one else details
     return response
 
