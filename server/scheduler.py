@@ -73,6 +73,8 @@ class Scheduler:
         self._stopping = threading.Event()
         self._failure: str | None = None
         self.cache = open_cache(settings, target.name, target.directory)
+        for counter in (metrics.out_of_memory, metrics.restarts):  # at 0 from the start: a panel shows 0, not nothing
+            counter.labels(model=self.name)
 
     @property
     def running(self) -> bool:
