@@ -28,6 +28,7 @@ ROOT = Path(__file__).resolve().parents[1]
 DASHBOARD = ROOT / "deploy" / "grafana" / "dashboards" / "tolk.json"
 CONFIG = ROOT / "deploy" / "prometheus" / "prometheus.yml"
 ADAPTER = ROOT / "deploy" / "kubernetes" / "prometheus-adapter-values.yaml"
+KEDA = ROOT / "deploy" / "kubernetes" / "keda" / "scaledobject.yaml"
 SCRAPE_S = 1
 # What Grafana puts in place of its variables: every instance and model, and a rate window of several scrapes.
 GRAFANA_VARIABLES = {"$instance": ".*", "$model": ".*", "$__rate_interval": "20s", "$__range": "5m"}
@@ -152,3 +153,17 @@ def test_the_autoscaler_query_returns_the_queue_depth(prometheus: str) -> None:
 
 def test_the_dashboard_has_queries_to_check() -> None:
     assert len(dashboard_queries()) >= 25  # the walk found the panels (a dashboard reshaped would leave this empty)
+
+
+def test_the_keda_query_returns_the_queue_depth_and_null_is_an_error(prometheus: str) -> None:
+    """KEDA's trigger asks Prometheus for a number; with ignoreNullValues false an empty answer falls back to
+    `fallback.replicas` instead of scaling to the minimum, so the query must answer on a healthy server."""
+    spec = yaml.safe_load(KEDA.read_text())["spec"]
+    [trigger] = spec["triggers"]
+    result = query(prometheus, trigger["metadata"]["query"])
+    assert len(result) == 1 and float(result[0]["value"][1]) >= 0
+    assert trigger["metadata"]["ignoreNullValues"] == "false"
+    assert spec["minReplicaCount"] >= 1 and spec["fallback"]["replicas"] >= spec["minReplicaCount"]
+    kustomization = yaml.safe_load((KEDA.parent / "kustomization.yaml").read_text())
+    assert "../hpa.yaml" not in kustomization["resources"]  # one autoscaler per Deployment
+    assert all((KEDA.parent / r).is_file() for r in kustomization["resources"])
