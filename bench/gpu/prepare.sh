@@ -4,11 +4,12 @@
 #   .whl/      the server's packages the GPU image lacks, as wheels for its Python 3.12 (about 8 MB)
 #   .gpudata/  the training corpus, one .tar.xz (about 8 MB; needs data/corpus: `tolk data build`)
 #   .ct2a/ .ct2b/  CTranslate2 recompressed (xz) and cut in two halves of about 12 MB, one per run: a run carries
-#              at most 64 MiB with the working tree (about 37 MB), too little for the whole 43 MB wheel at once
+#              at most 64 MiB with the working tree (about 38 MB), too little for the whole 43 MB wheel at once;
+#              run.sh's setup keeps the halves on the machine and installs CTranslate2 once both have come
 # Then the runs are, back to back (a machine is handed back 30 s after a run ends, and everything on it with it):
-#   1. carry .whl .gpudata .ct2a: TRAIN_MINUTES=M bash bench/gpu/run.sh setup train-start tests train-status collect
-#   2. carry .ct2b:               bash bench/gpu/run.sh setup step profile serve      (about 5 minutes)
-#   3. nothing more to carry:     bash bench/gpu/run.sh engines                       (about 7 minutes)
+#   1. carry .whl .gpudata: TRAIN_MINUTES=M bash bench/gpu/run.sh setup train-start tests train-status collect
+#   2. carry .ct2a:         bash bench/gpu/run.sh setup step profile serve        (about 5 minutes)
+#   3. carry .ct2b:         bash bench/gpu/run.sh setup engines                   (about 7 minutes)
 # One session has about 30 minutes of GPU time, the machine's start included; the 2026-11-22 session spent 4
 # minutes of training, 5 of step and server, 4 of engines. Put OUT=$OUT before bash: results come back from $OUT.
 # Needs pip, xz, unzip and split; run from anywhere.
@@ -27,7 +28,7 @@ pinned() {  # NAME==VERSION as installed here, so the GPU machine runs what the 
 
 rm -rf .whl && mkdir -p .whl
 names=(fastapi starlette uvicorn pydantic pydantic-core pydantic-settings python-dotenv annotated-types
-       typing-inspection python-multipart limits deprecated py3langid cachetools polib httptools annotated-doc
+       typing-inspection python-multipart limits deprecated py3langid cachetools polib httptools annotated-doc redis langcodes
        typing-extensions opentelemetry-api)
 specs=()
 for name in "${names[@]}"; do specs+=("$(pinned "$name")"); done
@@ -46,7 +47,10 @@ rm -rf .ct2a .ct2b && mkdir -p .ct2a .ct2b
 mv "$tmp/ct2.part-00" .ct2a/ && mv "$tmp/ct2.part-01" .ct2b/
 
 tree=$( (git ls-files -z; git ls-files -z --others --exclude-standard) | xargs -0 du -cb | tail -1 | cut -f1)
-first=$(du -cb .whl .gpudata .ct2a | tail -1 | cut -f1)
-echo "working tree $((tree / 1000000)) MB; first run carries $((first / 1000000)) MB more;" \
-     "limit $((64 * 1048576 / 1000000)) MB in all"
-[ $((tree + first)) -lt $((64 * 1048576)) ] || { echo "too large for one run: carry less"; exit 1; }
+limit=$((64 * 1048576))
+for carried in ".whl .gpudata" .ct2a .ct2b; do
+    # shellcheck disable=SC2086  # one word per folder
+    size=$(du -cb $carried | tail -1 | cut -f1)
+    echo "a run carrying $carried: $(((tree + size) / 1000000)) MB of $((limit / 1000000)) MB"
+    [ $((tree + size)) -lt $limit ] || { echo "too large for one run: carry less"; exit 1; }
+done
