@@ -34,7 +34,7 @@ from typing import Any
 
 import torch
 from decode import OPUS_MT_EN_DE, sources
-from workers import ENGINES, EngineFailed, EngineSpec, Job, Pieces, Result, Worker, engine_kind
+from workers import ENGINES, MAX_SOURCE_TOKENS, EngineFailed, EngineSpec, Job, Pieces, Result, Worker, engine_kind
 
 from model import checkpoint
 from model.config import ModelConfig
@@ -278,7 +278,8 @@ def corpus(model_dir: Path, src: Path, limit: int) -> tuple[Pieces, int]:
     tok = loaded.tokenizer
     pieces = tok.vocab or spm_pieces(model_dir / "source.spm")
     lines = src.read_text(encoding="utf-8").splitlines()[: limit or None]
-    return [[pieces[i] for i in tok.encode(line)[:256]] for line in lines], loaded.generation.max_new_tokens
+    sources = [[pieces[i] for i in tok.encode(line)[:MAX_SOURCE_TOKENS]] for line in lines]
+    return sources, loaded.generation.max_new_tokens
 
 
 def run_forced(args: argparse.Namespace, names: list[str], work: Path, bandwidth: float | None) -> dict[str, Any]:

@@ -92,10 +92,12 @@ class KVCache:
         B = pos.shape[0]
         return (self.t_ids <= pos[:, None])[:, None, None, :], self.src_mask[:B, None, None, :]
 
-    def cross(self, layer: int, B: int) -> tuple[Tensor, Tensor]:
-        """Cross-attention K, V (B, H, S, Dh) of rows 0..B-1 over the longest active source."""
+    def cross(self, layer: int, B: int, whole: bool = False) -> tuple[Tensor, Tensor]:
+        """Cross-attention K, V (B, H, S, Dh) of rows 0..B-1 over the longest active source (whole: over the
+        whole buffer, S = max_src, for the fixed-shape step)."""
         buf = self.cross_kv[layer]
-        return buf[0, :B, :, : self.s_hi], buf[1, :B, :, : self.s_hi]
+        S = self.max_src if whole else self.s_hi
+        return buf[0, :B, :, :S], buf[1, :B, :, :S]
 
     def advance(self, B: int, on_device: bool = True) -> None:
         """Rows 0..B-1 each took one token; on_device=False when a captured step already moved `pos`."""

@@ -237,7 +237,7 @@ class FrozenDecoderLayer:
         a = attend_one(qkv[:, 0, :, None], k, v, self_mask)  # (B, H, 1, Dh)
         x = self.norms.out(self.o(a.view(B, D), residual=x), 0)
         q = self.cross_q(self.norms.inp(x, 1)).view(B, self.H, 1, -1)
-        ck, cv = cache.cross(i, B) if pos is None else (cache.cross_kv[i, 0, :B], cache.cross_kv[i, 1, :B])
+        ck, cv = cache.cross(i, B, whole=pos is not None)  # (B, H, S, Dh)
         a = attend_one(q, ck, cv, cross_mask)
         x = self.norms.out(self.cross_o(a.view(B, D), residual=x), 1)
         return self.norms.out(self.fc2(self.fc1(self.norms.inp(x, 2)), residual=x), 2)

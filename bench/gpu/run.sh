@@ -105,7 +105,7 @@ stage_step() {
     for dtype in float16 bfloat16; do
         $PY bench/gpu/step.py --model weights/en-pt --dtype $dtype --out "$OUT/step-cuda-en-pt-$dtype.json" || return 1
     done
-    $PY bench/gpu/step.py --random 512x6x58101 --dtype float16 --out "$OUT/step-cuda-opus-mt-float16.json"
+    $PY bench/gpu/step.py --opus-mt --dtype float16 --out "$OUT/step-cuda-opus-mt-float16.json"
 }
 
 corpus_dir() {  # the test split: unpacked by train-start, or here from the carried archive

@@ -6,7 +6,7 @@ mixed positions (as in a continuous batch). Prints a table and writes JSON. On t
 eager rows run: a dry run of the script.
 
     python bench/gpu/step.py --model weights/en-pt --dtype float16 --out bench/results/step-cuda.json
-    python bench/gpu/step.py --random 512x6x58101 --dtype float16       # the OPUS-MT en-de geometry
+    python bench/gpu/step.py --opus-mt --dtype float16        # bench/decode.py's OPUS-MT en-de geometry
 """
 
 from __future__ import annotations
@@ -23,22 +23,21 @@ import torch
 
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "bench"))
+
+from decode import OPUS_MT_EN_DE  # noqa: E402
 
 from model import checkpoint  # noqa: E402
-from model.config import ModelConfig  # noqa: E402
 from model.decode import DecodeBatch  # noqa: E402
 from model.frozen import FrozenTransformer, freeze  # noqa: E402
 from model.generation import GenerationConfig  # noqa: E402
 from model.transformer import Transformer  # noqa: E402
 
 
-def random_net(geometry: str, device: str, dtype: torch.dtype) -> FrozenTransformer:
-    """WIDTHxLAYERSxVOCAB: 6 encoder layers, LAYERS decoder layers, 8 heads, feed-forward 4x (Marian's shape)."""
-    width, layers, vocab = (int(x) for x in geometry.split("x"))
-    cfg = ModelConfig(src_vocab_size=vocab, tgt_vocab_size=vocab, d_model=width, n_heads=8, encoder_layers=6,
-                      decoder_layers=layers, d_ff=4 * width, dropout=0.0)
+def opus_mt_net(device: str, dtype: torch.dtype) -> FrozenTransformer:
+    """bench/decode.py's OPUS-MT en-de geometry with random weights."""
     torch.manual_seed(0)
-    return freeze(Transformer(cfg).to(device=device, dtype=dtype).eval())
+    return freeze(Transformer(OPUS_MT_EN_DE).to(device=device, dtype=dtype).eval())
 
 
 def sync(device: str) -> None:
@@ -100,7 +99,7 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     source = p.add_mutually_exclusive_group(required=True)
     source.add_argument("--model", type=Path, help="a model directory")
-    source.add_argument("--random", metavar="WxLxV", help="random weights of this geometry, e.g. 512x6x58101")
+    source.add_argument("--opus-mt", action="store_true", help="bench/decode.py's OPUS-MT en-de geometry, random")
     p.add_argument("--device", default="cuda")
     p.add_argument("--dtype", default="float16", choices=["float32", "float16", "bfloat16"])
     p.add_argument("--rows", type=int, nargs="+", default=[1, 8, 32, 64, 128])
@@ -112,16 +111,17 @@ def main() -> None:
     if args.model:
         net = checkpoint.load(args.model, device=args.device, dtype=args.dtype).net
     else:
-        net = random_net(args.random, args.device, dtype)
+        net = opus_mt_net(args.device, dtype)
     rows = run(net, args)
     name = torch.cuda.get_device_name() if args.device.startswith("cuda") else "cpu"
-    print(f"\n{args.model or args.random}, {args.dtype}, {name}\n\n| rows | eager ms/step | graph ms/step | speedup |")
+    model = str(args.model or "opus-mt-en-de geometry")
+    print(f"\n{model}, {args.dtype}, {name}\n\n| rows | eager ms/step | graph ms/step | speedup |")
     print("|---:|---:|---:|---:|")
     for r in rows:
         print(f"| {r['rows']} | {r['eager_ms']} | {r.get('graph_ms', r.get('fixed_eager_ms'))} | {r['speedup']} |")
     if args.out:
         meta = {"device": name, "torch": torch.__version__, "dtype": args.dtype,
-                "model": str(args.model or args.random), "src_len": args.src_len, "steps": args.steps}
+                "model": model, "src_len": args.src_len, "steps": args.steps}
         args.out.parent.mkdir(parents=True, exist_ok=True)
         args.out.write_text(json.dumps({"meta": meta, "rows": rows}, indent=2) + "\n")
 
