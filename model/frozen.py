@@ -15,13 +15,15 @@ new). Dropout is off: this is for inference only.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import contextlib
+from collections.abc import Iterator, Sequence
 from typing import TYPE_CHECKING, Any, cast
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 from torch.ao.nn.quantized.dynamic import Linear as QuantizedLinear
+from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from model.cache import KVCache
 from model.layers import ACTIVATION_FUNCTIONS, Attention, DecoderLayer, EncoderLayer
@@ -36,6 +38,21 @@ ONEDNN_ACTIVATIONS = {"relu": ("relu", ""), "gelu": ("gelu", "none"), "swish": (
 # (measured on the 2-core EPYC, 1 and 2 threads); from two rows up, or for larger weights, oneDNN is as fast or
 # faster. Batch-1 decoding of a small model is mostly such products.
 ONE_ROW_PLAIN_MAX = 1 << 19
+# Attention kernels on CUDA, cuDNN's left out. PyTorch picks cuDNN's attention on Hopper, which builds an execution
+# plan for every new shape; decoding meets new shapes all the time (batch size, source length, target position), and
+# on an H100 the first pass over 128 test sentences ran 3 to 16 times slower than a second pass over the same ones
+# (bench/gpu/stages.py, docs/benchmarks.md). Flash and memory-efficient attention need no plan.
+CUDA_ATTENTION = [SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH]
+
+
+@contextlib.contextmanager
+def attention_kernels(device: torch.device) -> Iterator[None]:
+    """Inside, scaled_dot_product_attention on CUDA picks among CUDA_ATTENTION; elsewhere it is left alone."""
+    if device.type != "cuda":
+        yield
+        return
+    with sdpa_kernel(CUDA_ATTENTION):
+        yield
 
 
 def onednn_usable(weight: Tensor) -> bool:
@@ -276,8 +293,9 @@ class FrozenTransformer:
         packing = None if bool(src_mask.all()) else Packing(src_mask)
         x = self.embed(self.src_table, src, self.positions[:S]).view(B * S, -1)
         x = packing.pack(x) if packing is not None else x  # (N, D)
-        for layer in self.encoder:
-            x = layer(x, B, S, packing)
+        with attention_kernels(self.device):
+            for layer in self.encoder:
+                x = layer(x, B, S, packing)
         return (self.final.norm(x, 0) if self.final else x), src_mask, packing
 
     def encode(self, src: Tensor) -> tuple[Tensor, Tensor]:
@@ -316,8 +334,9 @@ class FrozenTransformer:
         B = tokens.shape[0]
         x = self.embed(self.tgt_table, tokens, self.positions[cache.pos[:B]])  # (B, D), row b at its own position
         self_mask, cross_mask = cache.masks(B)
-        for i, layer in enumerate(self.decoder):
-            x = layer.step(x, cache, i, self_mask, cross_mask)
+        with attention_kernels(self.device):
+            for i, layer in enumerate(self.decoder):
+                x = layer.step(x, cache, i, self_mask, cross_mask)
         cache.advance(B)
         return self.out(self.final.norm(x, 1) if self.final else x)
 
@@ -331,8 +350,9 @@ class FrozenTransformer:
         pos = cache.pos[:B].clamp(max=cache.max_tgt - 1)
         x = self.embed(self.tgt_table, tokens, self.positions[pos])  # (B, D)
         self_mask, cross_mask = cache.fixed_masks(pos)
-        for i, layer in enumerate(self.decoder):
-            x = layer.step(x, cache, i, self_mask, cross_mask, pos)
+        with attention_kernels(self.device):
+            for i, layer in enumerate(self.decoder):
+                x = layer.step(x, cache, i, self_mask, cross_mask, pos)
         cache.pos[:B] += 1
         return self.out(self.final.norm(x, 1) if self.final else x)
 
