@@ -45,30 +45,38 @@ class Sequence:
 
 
 class RowState:
-    """Per-row tensors that travel with a row when it is reordered or packed."""
+    """Per-row tensors that travel with a row when it is reordered or packed.
+
+    The per-row settings live as columns of two tensors (integers, floats) beside the history, so admitting rows
+    writes each tensor once and packing rows copies three tensors, whatever the number of settings: on a GPU every
+    such write is a launch, and launches, not bytes, are what these small writes cost.
+    """
+
+    LONGS = ("last", "n_gen", "seed", "min_new", "top_k")
+    FLOATS = ("score", "top_p", "temperature", "penalty")
 
     def __init__(self, rows: int, max_tgt: int, device: torch.device) -> None:
-        def long(*shape: int) -> Tensor:
-            return torch.zeros(*shape, dtype=torch.long, device=device)
-
-        self.last = long(rows)  # next decoder input
-        self.history = long(rows, max_tgt)  # generated tokens
-        self.n_gen = long(rows)
-        self.score = torch.zeros(rows, dtype=torch.float32, device=device)  # beam running log-prob
-        self.seed = long(rows)
-        self.min_new = long(rows)
-        self.top_k = long(rows)
-        self.top_p = torch.ones(rows, device=device)
-        self.temperature = torch.ones(rows, device=device)
-        self.penalty = torch.ones(rows, device=device)
+        self.longs = torch.zeros(rows, len(self.LONGS), dtype=torch.long, device=device)
+        self.floats = torch.ones(rows, len(self.FLOATS), dtype=torch.float32, device=device)
+        self.floats[:, 0] = 0.0
+        self.history = torch.zeros(rows, max_tgt, dtype=torch.long, device=device)  # generated tokens
+        # columns as views: writes through them land in the packed tensors
+        self.last, self.n_gen, self.seed, self.min_new, self.top_k = self.longs.unbind(1)  # last: next decoder input
+        self.score, self.top_p, self.temperature, self.penalty = self.floats.unbind(1)  # score: beam running log-prob
 
     def tensors(self) -> list[Tensor]:
-        return [self.last, self.history, self.n_gen, self.score, self.seed, self.min_new, self.top_k,
-                self.top_p, self.temperature, self.penalty]
+        return [self.longs, self.floats, self.history]
 
     def copy_rows(self, src: Tensor, dst: Tensor) -> None:
         for t in self.tensors():
             t[dst] = t[src]
+
+    def fill(self, start: int, longs: list[list[int]], floats: list[list[float]]) -> None:
+        """Rows start.. get these settings, one list per row in LONGS and FLOATS order: one copy per tensor."""
+        end = start + len(longs)
+        device = self.longs.device
+        self.longs[start:end] = torch.tensor(longs, dtype=torch.long).to(device, non_blocking=True)
+        self.floats[start:end] = torch.tensor(floats, dtype=torch.float32).to(device, non_blocking=True)
 
 
 class DecodeBatch:
@@ -80,13 +88,13 @@ class DecodeBatch:
         self.net = net
         self.cfg = net.cfg
         self.cache = net.new_cache(rows, max_src, max_tgt)
+        self.state = RowState(rows, self.cache.max_tgt, net.device)
         self.graphed: GraphedStep | None = None
         if graphs:
-            try:
-                self.graphed = GraphedStep(net, self.cache, capture=net.device.type == "cuda")
+            try:  # the graphs read the next tokens where the step records them, RowState.last
+                self.graphed = GraphedStep(net, self.cache, self.state.last, capture=net.device.type == "cuda")
             except RuntimeError as exc:  # a driver or build that cannot record: decode as usual rather than not at all
                 log.warning("CUDA graphs not recorded (%s); the decoder step runs eagerly", exc)
-        self.state = RowState(rows, self.cache.max_tgt, net.device)
         self.owner: list[Sequence | None] = [None] * rows
         self.seqs: dict[SentenceKey, Sequence] = {}
         self.n = 0  # rows 0..n-1 are active
@@ -112,41 +120,39 @@ class DecodeBatch:
         if self.cache.max_src < S or min(len(src) for _, src, _ in items) == 0:
             raise ValueError(f"source length must be between 1 and {self.cache.max_src} tokens")
         device = self.net.device
-        src = torch.full((len(items), S), self.cfg.pad_id, dtype=torch.long, device=device)
-        for i, (_, ids, _) in enumerate(items):
-            src[i, : len(ids)] = torch.tensor(ids, dtype=torch.long)
+        pad = self.cfg.pad_id
+        src = torch.tensor([ids + [pad] * (S - len(ids)) for _, ids, _ in items], dtype=torch.long).to(device)
         cross, src_mask = self.net.encode_cross(src)  # (L, 2, items, H, S, Dh)
         if any(c.beam_size > 1 for _, _, c in items):  # each beam has its own row
             expand = torch.tensor([i for i, (_, _, c) in enumerate(items) for _ in range(c.beam_size)], device=device)
             cross, src_mask = cross.index_select(2, expand), src_mask[expand]
+        if len({key for key, _, _ in items}) < len(items) or any(key in self.seqs for key, _, _ in items):
+            raise ValueError("a key is already decoding")
         start = self.n
         self.cache.admit(start, cross, src_mask)
         row = start
+        longs: list[list[int]] = []
+        floats: list[list[float]] = []
         for key, ids, config in items:
-            if key in self.seqs:
-                raise ValueError(f"key {key!r} is already decoding")
             rows = list(range(row, row + config.beam_size))
             max_new = min(config.max_new_tokens, self.cache.max_tgt)
             seq = Sequence(key, config, len(ids), rows, max_new, [[] for _ in rows], [0.0] * len(rows))
-            self._init_rows(seq)
+            self._row_settings(seq, longs, floats)
             self.seqs[key] = seq
             for r in rows:
                 self.owner[r] = seq
             row += config.beam_size
+        self.state.fill(start, longs, floats)
         self.n = row
 
-    def _init_rows(self, seq: Sequence) -> None:
-        c, st, r = seq.config, self.state, slice(seq.rows[0], seq.rows[-1] + 1)
-        st.last[r] = self.cfg.decoder_start_id
-        st.n_gen[r] = 0
-        st.score[r] = -1e9  # only beam 0 expands at the first step, so beams do not start as copies
-        st.score[seq.rows[0]] = 0.0
-        st.seed[r] = c.seed if c.seed is not None else random.getrandbits(62)
-        st.min_new[r] = c.min_new_tokens
-        st.top_k[r] = c.top_k
-        st.top_p[r] = c.top_p
-        st.temperature[r] = c.temperature
-        st.penalty[r] = c.repetition_penalty
+    def _row_settings(self, seq: Sequence, longs: list[list[int]], floats: list[list[float]]) -> None:
+        """A new sequence's rows in RowState's column order (LONGS, FLOATS)."""
+        c = seq.config
+        seed = c.seed if c.seed is not None else random.getrandbits(62)
+        for beam in range(seq.beam):
+            longs.append([self.cfg.decoder_start_id, 0, seed, c.min_new_tokens, c.top_k])
+            # only beam 0 expands at the first step, so beams do not start as copies
+            floats.append([0.0 if beam == 0 else -1e9, c.top_p, c.temperature, c.repetition_penalty])
 
     def cancel(self, key: SentenceKey) -> bool:
         """Stop decoding a sequence and free its rows at once; False if it was not decoding."""
@@ -190,7 +196,7 @@ class DecodeBatch:
 
     def _process(self, logits: Tensor, seqs: list[Sequence]) -> None:
         n, st = self.n, self.state
-        logits[:, self.banned] = lp.NEG_INF
+        logits.index_fill_(1, self.banned, lp.NEG_INF)  # one kernel, where `logits[:, banned] =` is several
         configs = [s.config for s in seqs]
         if any(c.min_new_tokens for c in configs):
             lp.forbid_early_eos(logits, st.n_gen[:n], st.min_new[:n], self.cfg.eos_id)
@@ -219,7 +225,7 @@ class DecodeBatch:
     def record(self, tokens: Tensor) -> None:
         """Rows 0..n-1 took these tokens (n,): they join the history and are the next step's input."""
         n, st = self.n, self.state
-        rows = torch.arange(n, device=tokens.device)
+        rows = self.cache.row_ids[:n]
         st.history[rows, st.n_gen[:n].clamp(max=st.history.shape[1] - 1)] = tokens
         st.n_gen[:n] += 1
         st.last[:n] = tokens

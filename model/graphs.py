@@ -42,9 +42,13 @@ class Recorded:
 class GraphedStep:
     """`decode_step` of one cache through recorded graphs (CUDA) or the same fixed-shape step run eagerly."""
 
-    def __init__(self, net: FrozenTransformer, cache: KVCache, capture: bool = True) -> None:
+    def __init__(self, net: FrozenTransformer, cache: KVCache, tokens: Tensor | None = None,
+                 capture: bool = True) -> None:
+        """tokens: the graphs' input buffer (cache.rows,), kept by the caller so that a step's tokens need no copy
+        into it; a buffer of its own when None."""
         self.net, self.cache = net, cache
-        self.tokens = torch.zeros(cache.rows, dtype=torch.long, device=cache.pos.device)  # the graphs' input
+        self.tokens = tokens if tokens is not None else torch.zeros(cache.rows, dtype=torch.long,
+                                                                    device=cache.pos.device)
         self.sizes = buckets(cache.rows)
         self.recorded: dict[int, Recorded] = {}
         if capture:
@@ -76,7 +80,8 @@ class GraphedStep:
         """Advance rows 0..B-1 by one token each: tokens (B,) -> logits (B, V), a tensor of the caller's own."""
         B = tokens.shape[0]
         b = self.bucket(B)
-        self.tokens[:B].copy_(tokens)
+        if tokens.data_ptr() != self.tokens.data_ptr() or tokens.stride() != self.tokens.stride():
+            self.tokens[:B].copy_(tokens)
         if self.recorded:
             self.recorded[b].graph.replay()
             logits = self.recorded[b].logits[:B]

@@ -88,12 +88,17 @@ def step(batch: DecodeBatch) -> list[Event]:
         tokens[idx] = lp.sample(logprobs[idx], st.seed[idx], st.n_gen[idx])
     if beams and logprobs is not None:  # (beam rows always have log-probs)
         _beam_step(batch, beams, logprobs, tokens)
-    # token log-probs, read for rows outside beam search; NaN where the sequence asked for no scores
-    chosen = logprobs.gather(1, tokens[:, None])[:, 0].tolist() if logprobs is not None else [math.nan] * n
+    batch.record(tokens)
+    # token log-probs, read for rows outside beam search; NaN where the sequence asked for no scores. Tokens and
+    # log-probs come to the host in one transfer (float64 holds every token id exactly): each is a device sync.
+    if logprobs is not None:
+        both = torch.stack([tokens.double(), logprobs.gather(1, tokens[:, None])[:, 0].double()]).tolist()
+        token_ids, chosen = [int(t) for t in both[0]], both[1]
+    else:
+        token_ids, chosen = tokens.tolist(), [math.nan] * n
     for r in (s.rows[0] for s in seqs if s.beam == 1 and not s.config.scores):
         chosen[r] = math.nan
-    batch.record(tokens)
-    events, done = _collect(seqs, tokens.tolist(), chosen, batch.cfg.eos_id)
+    events, done = _collect(seqs, token_ids, chosen, batch.cfg.eos_id)
     if done:
         batch.remove(done)
     return events
