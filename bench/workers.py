@@ -123,7 +123,10 @@ class TolkEngine:
         return self.batches[-1]
 
     def generate(self, inputs: list[list[int]], job: Job) -> list[list[int]]:
-        config = GenerationConfig(beam_size=job.beam, min_new_tokens=job.min_new, max_new_tokens=job.max_new)
+        # scores=False: CTranslate2's translate_batch computes no scores unless asked (return_scores), nor does
+        # transformers' generate, so greedy rows skip the log-softmax here too (beam search needs it either way)
+        config = GenerationConfig(beam_size=job.beam, min_new_tokens=job.min_new, max_new_tokens=job.max_new,
+                                  scores=False)
         rows = len(inputs) * job.beam
         with torch.inference_mode():
             hyps = generate(self.net, inputs, config, max_rows=rows, batch=self.batch_for(rows, job.max_new))

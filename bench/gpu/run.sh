@@ -14,6 +14,7 @@
 #   profile         where one offline generate call spends its time, eager and with graphs (bench/gpu/stages.py)
 #   engines         bench/engines.py: Tolk against CTranslate2 and transformers
 #   serve           bench/serve.py: the server under 1 to 64 clients against itself unbatched
+#   latency         sequential requests, streamed and not, through the server's variants (bench/gpu/latency.py)
 #   train-status    print the training runs' progress
 #   collect         wait for the training runs, score them with the shipped model on the test split, return the
 #                   small models' weights in pieces (bench/gpu/train.py join rebuilds them)
@@ -71,7 +72,10 @@ stage_train-start() {
                 --device cpu --dry-run
         return
     fi
-    $PY bench/gpu/train.py start --corpus .gpudata/corpus.tar.xz --work "$WORK/train" --minutes "$TRAIN_MINUTES"
+    # TRAIN_RUNS: which runs (default all); TRAIN_INIT: RUN=MODEL_DIR pairs that continue from those weights
+    # shellcheck disable=SC2086  # one word per run and pair
+    $PY bench/gpu/train.py start --corpus .gpudata/corpus.tar.xz --work "$WORK/train" --minutes "$TRAIN_MINUTES" \
+        ${TRAIN_RUNS:+--runs $TRAIN_RUNS} ${TRAIN_INIT:+--init $TRAIN_INIT}
 }
 
 stage_train-status() { $PY bench/gpu/train.py status --work "$WORK/train"; }
@@ -156,11 +160,24 @@ stage_serve() {
         --clients 1 8 32 64 --rows 128 --out "$OUT/serve-cuda.json"
 }
 
+stage_latency() {
+    if cpu; then
+        $PY -c "from pathlib import Path; from tests.tiny import make_model_dir, corpus_lines; d = Path('$WORK/tiny'); \
+(d / 'config.json').exists() or make_model_dir(d); Path('$WORK/tiny.txt').write_text(chr(10).join(corpus_lines(80, seed=2)))" \
+            && $PY bench/gpu/latency.py --model "$WORK/tiny" --sentences "$WORK/tiny.txt" --device cpu --dtype float32 \
+                --requests 2 --rounds 1 --variants process thread
+        return
+    fi
+    local corpus
+    corpus=$(corpus_dir) || return 1
+    $PY bench/gpu/latency.py --model weights/en-pt --sentences "$corpus/test.en" --out "$OUT/latency-cuda.json"
+}
+
 for stage in "$@"; do
     echo "=== $stage ($DEVICE) $(date -u +%T)"
     start=$SECONDS
     case $stage in
-        setup|train-start|train-status|collect|tests|suite|step|profile|engines|serve) "stage_$stage" ;;
+        setup|train-start|train-status|collect|tests|suite|step|profile|engines|serve|latency) "stage_$stage" ;;
         *) echo "unknown stage $stage"; false ;;
     esac
     rc=$?
