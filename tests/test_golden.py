@@ -1,4 +1,4 @@
-"""The shipped English to Portuguese model translates fixed sentences exactly as when it was trained."""
+"""The shipped models (en-pt, pt-en) translate fixed sentences exactly as when they were trained."""
 
 from __future__ import annotations
 
@@ -9,7 +9,8 @@ import pytest
 from model import checkpoint
 from model.search import generate
 
-SHIPPED = Path(__file__).resolve().parents[1] / "weights" / "en-pt"
+WEIGHTS = Path(__file__).resolve().parents[1] / "weights"
+SHIPPED = WEIGHTS / "en-pt"
 
 GOLDEN = {
     "Save changes before closing?": "Salvar alterações antes de fechar?",
@@ -22,9 +23,26 @@ GOLDEN = {
 }
 
 
+# The same sentences back from Portuguese: what the pt-en model wrote when it shipped, greedy and beam 4 alike
+GOLDEN_PT_EN = {
+    "Salvar alterações antes de fechar?": "Save changes before closing?",
+    "Não foi possível abrir o arquivo.": "Could not open the file.",
+    "Você tem certeza de que deseja excluir esta pasta?": "Are you sure you want to delete this folder?",
+    "Erro ao ler o arquivo de configuração.": "Error reading configuration file.",
+    "Por favor, digite sua senha para continuar.": "Please enter your password to continue.",
+    "Este pacote fornece uma ferramenta de linha de comando para converter imagens.":
+        "This package provides a command line tool to convert images.",
+}
+
+
 @pytest.fixture(scope="module")
 def shipped() -> checkpoint.LoadedModel:
     return checkpoint.load(SHIPPED, device="cpu")
+
+
+@pytest.fixture(scope="module")
+def shipped_pt_en() -> checkpoint.LoadedModel:
+    return checkpoint.load(WEIGHTS / "pt-en", device="cpu")
 
 
 def test_shipped_model_is_complete(shipped: checkpoint.LoadedModel) -> None:
@@ -39,3 +57,17 @@ def test_golden_translations(shipped: checkpoint.LoadedModel, beam_size: int) ->
     sources = [shipped.tokenizer.encode(s) for s in GOLDEN]
     got = [shipped.tokenizer.decode(h[0].tokens) for h in generate(shipped.net, sources, config)]
     assert dict(zip(GOLDEN, got, strict=True)) == GOLDEN
+
+
+def test_shipped_pt_en_model_is_complete(shipped_pt_en: checkpoint.LoadedModel) -> None:
+    for name in ("MODEL_CARD.md", "NOTICE", "generation.json"):
+        assert (WEIGHTS / "pt-en" / name).is_file(), name
+    assert (shipped_pt_en.info.source_language, shipped_pt_en.info.target_language) == ("pt", "en")
+
+
+@pytest.mark.parametrize("beam_size", [1, 4])
+def test_golden_translations_pt_en(shipped_pt_en: checkpoint.LoadedModel, beam_size: int) -> None:
+    m = shipped_pt_en
+    sources = [m.tokenizer.encode(s) for s in GOLDEN_PT_EN]
+    got = [m.tokenizer.decode(h[0].tokens) for h in generate(m.net, sources, m.generation.update(beam_size=beam_size))]
+    assert dict(zip(GOLDEN_PT_EN, got, strict=True)) == GOLDEN_PT_EN
