@@ -73,7 +73,7 @@ def row(name: str, beam: int, batch: int, tokens: int, sentences: int, total_s: 
 def bench_forced(workers: dict[str, Worker], pieces: list[str], args: argparse.Namespace) -> list[dict[str, Any]]:
     """(a): every engine on the same batch --repeats times, in rotating order, after one warm-up each."""
     rows, names, n = [], list(workers), args.new_tokens
-    for beam in (1, 4):
+    for beam in args.beams:
         for batch in args.batches:
             src = [[pieces[i] for i in s] for s in sources(batch, args.src_len, OPUS_MT_EN_DE.src_vocab_size, batch)]
             job = Job(src, beam, n, n)
@@ -104,7 +104,7 @@ def bench_corpus(workers: dict[str, Worker], src: Pieces, max_new: int,
                  args: argparse.Namespace) -> list[dict[str, Any]]:
     """(b): every engine translates the whole split per configuration, segment by segment in rotating order."""
     rows, names = [], list(workers)
-    for beam in (1, 4):
+    for beam in args.beams:
         for batch in args.batches:
             chunks = [src[i : i + batch] for i in range(0, len(src), batch)]
             per_segment = -(-len(chunks) // args.repeats)
@@ -319,6 +319,7 @@ def main() -> None:
     p.add_argument("--src", type=Path, default=Path("data/corpus/test.en"), help="(b)'s sentences")
     p.add_argument("--limit", type=int, default=0, help="(b): only the first N sentences (0 = all)")
     p.add_argument("--batches", default=None, help="comma-separated (default: 1,8,32; CUDA: 1,8,32,64)")
+    p.add_argument("--beams", default="1,4", help="comma-separated beam sizes (1 = greedy)")
     p.add_argument("--new-tokens", type=int, default=64, help="(a)'s forced length")
     p.add_argument("--src-len", type=int, default=24, help="(a)'s source length, end-of-sentence included")
     p.add_argument("--repeats", type=int, default=3, help="(a): timed runs; (b): segments of the split")
@@ -339,6 +340,7 @@ def main() -> None:
         plot(json.loads(out.read_text()), args, out)
         return
     args.batches = [int(b) for b in (args.batches or ("1,8,32,64" if cuda else "1,8,32")).split(",")]
+    args.beams = [int(b) for b in args.beams.split(",")]
     names = [n for n in (args.engines or ",".join(ENGINES[args.device])).split(",") if n]
     try:
         precisions = {n: engine_kind(n, args.device)[1] for n in names}

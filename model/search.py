@@ -126,9 +126,12 @@ def _beam_step(batch: DecodeBatch, beams: list[Sequence], logprobs: Tensor, toke
     """Advance every beam-search sequence: pick the 2k best continuations, keep k, reorder rows.
 
     A sequence's 2k best continuations are among the 2k best tokens of each of its beams, so one top-k per
-    row is the only pass over the vocabulary.
+    row is the only pass over the vocabulary. The device and the host meet twice per group of beam sizes: the
+    candidates come up in one transfer and the choices go down in one, since on a GPU each crossing waits for
+    the device.
     """
     st = batch.state
+    device = logprobs.device
     K = min(2 * max(s.beam for s in beams), logprobs.shape[1])
     top_logprobs, top_tokens = top_k(logprobs, K)  # (n, K) best first
     src_rows: list[int] = []
@@ -138,26 +141,31 @@ def _beam_step(batch: DecodeBatch, beams: list[Sequence], logprobs: Tensor, toke
     for k in sorted({s.beam for s in beams}):
         group = [s for s in beams if s.beam == k]
         m, c = len(group), min(2 * k, K)
-        idx = torch.tensor([s.rows for s in group], device=logprobs.device)  # (m, k)
+        idx = torch.tensor([s.rows for s in group], device=device)  # (m, k)
         cand = (st.score[idx][..., None] + top_logprobs[idx, :c]).view(m, k * c)
         top_scores, top_ids = cand.topk(2 * k, dim=-1)  # (m, 2k)
         cand_tokens = top_tokens[idx, :c].view(m, k * c).gather(1, top_ids)
-        for seq, scores, ids, toks in zip(group, top_scores.tolist(), top_ids.tolist(), cand_tokens.tolist(),
-                                          strict=True):
-            cands = [(i // c, t) for i, t in zip(ids, toks, strict=True)]
-            picks = _advance_beams(seq, scores, cands, batch.cfg.eos_id)
-            for j, (beam, token, score) in enumerate(picks):
+        # one transfer (float64 holds the float32 scores and every id exactly)
+        scores, ids, toks = torch.stack([top_scores.double(), top_ids.double(), cand_tokens.double()]).tolist()
+        for j, seq in enumerate(group):
+            cands = [(int(i) // c, int(t)) for i, t in zip(ids[j], toks[j], strict=True)]
+            picks = _advance_beams(seq, scores[j], cands, batch.cfg.eos_id)
+            for b, (beam, token, score) in enumerate(picks):
                 src_rows.append(seq.rows[beam])
-                dst_rows.append(seq.rows[j])
+                dst_rows.append(seq.rows[b])
                 new_tokens.append(token)
                 new_scores.append(score)
     moved = [(s, d) for s, d in zip(src_rows, dst_rows, strict=True) if s != d]  # a beam kept in place: no copy
+    R, M = len(dst_rows), len(moved)
+    # one transfer down: rows, tokens, scores and the moves, as float64 (exact for each)
+    down = torch.tensor(dst_rows + new_tokens + new_scores + [s for s, _ in moved] + [d for _, d in moved],
+                        dtype=torch.float64).to(device)
+    ints = down.long()
     if moved:
-        batch.reorder(torch.tensor([s for s, _ in moved], device=tokens.device),
-                      torch.tensor([d for _, d in moved], device=tokens.device))
-    rows = torch.tensor(dst_rows, device=tokens.device)
-    tokens[rows] = torch.tensor(new_tokens, device=tokens.device)
-    st.score[rows] = torch.tensor(new_scores, device=tokens.device)
+        batch.reorder(ints[3 * R : 3 * R + M], ints[3 * R + M :])
+    rows = ints[:R]
+    tokens[rows] = ints[R : 2 * R]
+    st.score[rows] = down[2 * R : 3 * R].float()
 
 
 def _advance_beams(seq: Sequence, scores: list[float], cands: list[tuple[int, int]], eos: int) -> list[
