@@ -7,11 +7,16 @@
 #              at most 64 MiB with the working tree (about 38 MB), too little for the whole 43 MB wheel at once;
 #              run.sh's setup keeps the halves on the machine and installs CTranslate2 once both have come
 # Then the runs are, back to back (a machine is handed back 30 s after a run ends, and everything on it with it):
-#   1. carry .whl .gpudata: TRAIN_MINUTES=M bash bench/gpu/run.sh setup train-start tests train-status collect
-#   2. carry .ct2a:         bash bench/gpu/run.sh setup step profile serve        (about 5 minutes)
-#   3. carry .ct2b:         bash bench/gpu/run.sh setup engines                   (about 7 minutes)
-# One session has about 30 minutes of GPU time, the machine's start included; the 2026-11-22 session spent 4
-# minutes of training, 5 of step and server, 4 of engines. Put OUT=$OUT before bash: results come back from $OUT.
+#   1. carry .ct2a .gpudata: bash bench/gpu/run.sh setup tests step profile     (about 2 minutes)
+#   2. carry .ct2b .whl:     bash bench/gpu/run.sh setup tests engines          (about 5 minutes; tests need .whl)
+#   3. carry .gpudata .whl:  bash bench/gpu/run.sh setup serve latency          (about 2 minutes)
+#   4. carry .gpudata .whl:  TRAIN_MINUTES=M TRAIN_RUNS=... TRAIN_INIT=RUN=DIR bash bench/gpu/run.sh setup \
+#                            train-start collect   (M + 1.5 minutes; collect waits for the runs and scores them)
+# A run carries at most 64 MiB with the working tree (about 39 MB): .ct2a and .ct2b never fit together, and the
+# second must reach the machine that got the first. One session has 30 minutes of GPU time, each machine's start
+# (about 40 s) included. The 2026-11-22 sessions: the first spent 4 minutes on training, 5 on step and server, 4 on
+# engines; the second 3 diagnosing (profile, latency), 12 on tests, step, engines and server, 7 training.
+# Put OUT=$OUT before bash: results come back from $OUT.
 # Needs pip, xz, unzip and split; run from anywhere.
 set -euo pipefail
 cd "$(dirname "$0")/../.."

@@ -41,7 +41,7 @@ stage_setup() {
         $PY -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target "$SITE" .whl/*.whl \
             || return 1
     fi
-    mkdir -p "$WORK/ct2"
+    mkdir -p "$WORK/ct2" "$SITE"  # (a run that carries no wheels still unpacks CTranslate2 into $SITE)
     cp .ct2a/ct2.part-* .ct2b/ct2.part-* "$WORK/ct2/" 2>/dev/null
     local parts=("$WORK"/ct2/ct2.part-*)
     if [ ${#parts[@]} -eq 2 ] && [ -f "${parts[0]}" ] && ! $PY -c "import ctranslate2" 2>/dev/null; then
