@@ -15,7 +15,7 @@
 # A run carries at most 64 MiB with the working tree (about 39 MB): .ct2a and .ct2b never fit together, and the
 # second must reach the machine that got the first. One session has 30 minutes of GPU time, each machine's start
 # (about 40 s) included. The 2026-11-22 sessions: the first spent 4 minutes on training, 5 on step and server, 4 on
-# engines; the second 3 diagnosing (profile, latency), 12 on tests, step, engines and server, 7 training.
+# engines; the second 3 diagnosing (profile, latency), 12 on tests, step, engines and server, 8 training, 2 on beam search.
 # Put OUT=$OUT before bash: results come back from $OUT.
 # Needs pip, xz, unzip and split; run from anywhere.
 set -euo pipefail
