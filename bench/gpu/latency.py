@@ -15,6 +15,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import os
 import statistics
 import sys
 import time
@@ -67,8 +68,6 @@ def main() -> None:
     for k, name in enumerate(args.variants):
         batching, env = VARIANTS[name]
         server_args = argparse.Namespace(rows=128, max_new_tokens=32, dtype=args.dtype, device=args.device, threads=2)
-        import os
-
         saved = dict(os.environ)
         os.environ.update(env)
         try:
@@ -95,7 +94,8 @@ def main() -> None:
             print(f"{name:>18} 8 clients {'streamed' if stream else 'plain':>8}: {r['sentences_per_s']:.1f} "
                   f"sentences/s, p50 {r['latency_p50_ms']:.1f} ms", flush=True)
     if args.out:
-        args.out.write_text(json.dumps({"device": args.device, "dtype": args.dtype, "results": results}, indent=2) + "\n")
+        summary = {"device": args.device, "dtype": args.dtype, "results": results}
+        args.out.write_text(json.dumps(summary, indent=2) + "\n")
 
 
 if __name__ == "__main__":
