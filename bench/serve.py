@@ -225,7 +225,7 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--rows", type=int, default=32, help="cache rows of the batched server and of the offline run")
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--device", default="cpu")
-    p.add_argument("--dtype", default="float32", choices=["float32", "float16", "bfloat16", "int8"],
+    p.add_argument("--dtype", default="float32", choices=["float32", "float16", "bfloat16", "int8", "float16w"],
                    help="of the servers and of the offline run")
     p.add_argument("--port", type=int, default=8765)
     p.add_argument("--work", type=Path, default=Path(tempfile.gettempdir()) / "tolk-bench")

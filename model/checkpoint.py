@@ -31,7 +31,11 @@ from model.transformer import Transformer
 
 M = TypeVar("M", bound=torch.nn.Module)
 DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
-PRECISIONS = (*DTYPES, "int8")  # int8: float32 model whose linear layers are dynamically quantized (CPU)
+# int8: float32 model whose linear layers are dynamically quantized (CPU). float16w: float32 model whose products
+# read float16 weights and compute in float32 (CPU, fbgemm): close to int8's speed for a few rows, float32's
+# outputs for weights stored in float16, and a row's result independent of its batch (docs/benchmarks.md)
+PRECISIONS = (*DTYPES, "int8", "float16w")
+CPU_ONLY_PRECISIONS = ("int8", "float16w")
 STORAGE_DTYPES = ("float32", "float16")  # of model.safetensors; float16 halves the download, load() upcasts it
 REQUIRED_FILES = ("config.json", "model.safetensors", "source.spm", "target.spm", "info.json")
 
@@ -139,7 +143,8 @@ def release_linear_weights(model: Transformer) -> None:
 
 def load(directory: Path | str, device: str = "auto", dtype: str = "float32",
          keep_modules: bool = True) -> LoadedModel:
-    """Load a model directory onto a device ('auto', 'cpu', 'cuda', 'cuda:1') in a dtype (or 'int8' on the CPU).
+    """Load a model directory onto a device ('auto', 'cpu', 'cuda', 'cuda:1') in a dtype ('int8' and 'float16w' on
+    the CPU only).
 
     keep_modules=False keeps the weights once, in the frozen network (`release_linear_weights`): for a process that
     only decodes through `.net`.
@@ -147,8 +152,8 @@ def load(directory: Path | str, device: str = "auto", dtype: str = "float32",
     if dtype not in PRECISIONS:
         raise ValueError(f"dtype must be one of {PRECISIONS}, got {dtype!r}")
     dev = resolve_device(device)
-    if dtype == "int8" and dev.type != "cpu":
-        raise ValueError("dtype 'int8' (dynamic quantization) runs on the CPU only")
+    if dtype in CPU_ONLY_PRECISIONS and dev.type != "cpu":
+        raise ValueError(f"dtype {dtype!r} runs on the CPU only")
     meta = read_meta(directory)
     model = Transformer(meta.cfg)
     # Whatever the stored dtype (float32, or float16 to ship half the bytes), load_state_dict copies the weights
@@ -158,7 +163,7 @@ def load(directory: Path | str, device: str = "auto", dtype: str = "float32",
     parameters = model.num_parameters()
     if dtype == "int8":
         model = quantize_int8(model)
-    net = freeze(model)  # fuse and prepack the weights for inference now, not on the first request
+    net = freeze(model, half=dtype == "float16w")  # fuse and prepack the weights now, not on the first request
     if not keep_modules:
         release_linear_weights(model)
     return LoadedModel(meta.path, meta.info, model, meta.tokenizer, meta.generation, dtype, parameters, net)

@@ -16,7 +16,8 @@ new). Dropout is off: this is for inference only.
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator, Sequence
+import functools
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any, cast
 
 import torch
@@ -45,14 +46,9 @@ ONE_ROW_PLAIN_MAX = 1 << 19
 CUDA_ATTENTION = [SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH]
 
 
-@contextlib.contextmanager
-def attention_kernels(device: torch.device) -> Iterator[None]:
+def attention_kernels(device: torch.device) -> contextlib.AbstractContextManager[Any]:
     """Inside, scaled_dot_product_attention on CUDA picks among CUDA_ATTENTION; elsewhere it is left alone."""
-    if device.type != "cuda":
-        yield
-        return
-    with sdpa_kernel(CUDA_ATTENTION):
-        yield
+    return sdpa_kernel(CUDA_ATTENTION) if device.type == "cuda" else contextlib.nullcontext()
 
 
 def onednn_usable(weight: Tensor) -> bool:
@@ -97,6 +93,9 @@ class Projection:
     Several maps of the same input (Q, K and V) become one product. Float weights run as a prepacked oneDNN
     product with the activation or the residual addition fused in (CPU, float32, prepack=True), or through
     F.linear; dynamically quantized (int8) linears run as one fbgemm product. `bias` replaces the linears' own.
+    half=True (CPU, float32 weights): the weights rounded to float16 and packed for fbgemm's float16 product,
+    which reads half the bytes and computes in float32. Nothing about the activations is quantized, so a row's
+    result does not depend on the other rows of its batch, unlike int8's per-call activation scale.
 
     The oneDNN ops are those torch.compile's CPU weight freezing emits for batch sizes that vary
     (torch/_inductor/fx_passes/mkldnn_fusion.py). torch.utils.mkldnn's public MkldnnLinear runs the same
@@ -105,10 +104,11 @@ class Projection:
     """
 
     def __init__(self, linears: Sequence[nn.Module], activation: str | None = None, bias: Tensor | None = None,
-                 prepack: bool = True) -> None:
+                 prepack: bool = True, half: bool = False) -> None:
         self.act = ACTIVATION_FUNCTIONS[activation] if activation else None
         self.post_op = ONEDNN_ACTIVATIONS[activation] if activation else ("none", "")
         self.int8: Any = None  # fbgemm's packed weight and bias
+        self.half: Any = None  # fbgemm's packed float16 weight and bias
         self.onednn = False
         self.weight: Tensor | None = None
         self.bias: Tensor | None = None
@@ -122,6 +122,14 @@ class Projection:
             weight = (dense[0].weight if len(dense) == 1 else torch.cat([m.weight for m in dense])).detach()
             bias = bias if bias is not None else stacked_bias(dense)
             self.bias = bias.detach() if bias is not None else None
+            if half:
+                if weight.device.type != "cpu" or weight.dtype != torch.float32:
+                    raise ValueError("float16 weights with float32 arithmetic run on the CPU, from float32 weights")
+                rounded = weight.half().float()  # the one-row product below reads the same numbers
+                self.half = torch.ops.quantized.linear_prepack_fp16(rounded, self.bias)
+                if rounded.numel() <= ONE_ROW_PLAIN_MAX:
+                    self.one_row = rounded.t().contiguous()
+                return
             self.onednn = prepack and onednn_usable(weight)
             if self.onednn and weight.numel() <= ONE_ROW_PLAIN_MAX:
                 self.one_row = weight.t().contiguous()
@@ -141,7 +149,10 @@ class Projection:
             attr, algorithm = self.post_op
             y = torch.ops.mkldnn._linear_pointwise(x, self.weight, self.bias, attr, [], algorithm)
         else:
-            if self.int8 is not None:
+            if self.half is not None:
+                flat = x.reshape(-1, x.shape[-1])
+                y = torch.ops.quantized.linear_dynamic_fp16(flat, self.half).view(*x.shape[:-1], -1)
+            elif self.int8 is not None:
                 y = torch.ops.quantized.linear_dynamic(x, self.int8, True)  # reduce_range, as the modules do
             else:
                 y = F.linear(x, cast(Tensor, self.weight), self.bias)
@@ -169,9 +180,11 @@ class Norms:
         return x if self.pre else self.norm(x, i)
 
 
-def attention_projections(attn: Attention, prepack: bool) -> tuple[Projection, Projection]:
-    return Projection([attn.q_proj, attn.k_proj, attn.v_proj], prepack=prepack), Projection([attn.out_proj],
-                                                                                             prepack=prepack)
+MakeProjection = Callable[..., Projection]  # Projection with the network's product settings bound (prepack, half)
+
+
+def attention_projections(attn: Attention, proj: MakeProjection) -> tuple[Projection, Projection]:
+    return proj([attn.q_proj, attn.k_proj, attn.v_proj]), proj([attn.out_proj])
 
 
 class Packing:
@@ -197,11 +210,11 @@ class Packing:
 
 
 class FrozenEncoderLayer:
-    def __init__(self, layer: EncoderLayer, n_heads: int, prepack: bool) -> None:
+    def __init__(self, layer: EncoderLayer, n_heads: int, proj: MakeProjection) -> None:
         self.H = n_heads
-        self.qkv, self.o = attention_projections(layer.self_attn, prepack)
-        self.fc1 = Projection([layer.ff.fc1], layer.ff.activation, prepack=prepack)
-        self.fc2 = Projection([layer.ff.fc2], prepack=prepack)
+        self.qkv, self.o = attention_projections(layer.self_attn, proj)
+        self.fc1 = proj([layer.ff.fc1], layer.ff.activation)
+        self.fc2 = proj([layer.ff.fc2])
         self.norms = Norms([layer.self_res.norm, layer.ff_res.norm], layer.self_res.pre_norm)
 
     def __call__(self, x: Tensor, B: int, S: int, packing: Packing | None) -> Tensor:
@@ -232,13 +245,13 @@ def attend_one(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None) -> Tensor:
 
 
 class FrozenDecoderLayer:
-    def __init__(self, layer: DecoderLayer, n_heads: int, prepack: bool) -> None:
+    def __init__(self, layer: DecoderLayer, n_heads: int, proj: MakeProjection) -> None:
         self.H = n_heads
-        self.qkv, self.o = attention_projections(layer.self_attn, prepack)
-        self.cross_q = Projection([layer.cross_attn.q_proj], prepack=prepack)
-        self.cross_o = Projection([layer.cross_attn.out_proj], prepack=prepack)
-        self.fc1 = Projection([layer.ff.fc1], layer.ff.activation, prepack=prepack)
-        self.fc2 = Projection([layer.ff.fc2], prepack=prepack)
+        self.qkv, self.o = attention_projections(layer.self_attn, proj)
+        self.cross_q = proj([layer.cross_attn.q_proj])
+        self.cross_o = proj([layer.cross_attn.out_proj])
+        self.fc1 = proj([layer.ff.fc1], layer.ff.activation)
+        self.fc2 = proj([layer.ff.fc2])
         self.norms = Norms([layer.self_res.norm, layer.cross_res.norm, layer.ff_res.norm], layer.self_res.pre_norm)
 
     def step(self, x: Tensor, cache: KVCache, i: int, self_mask: Tensor | None, cross_mask: Tensor | None,
@@ -263,7 +276,7 @@ class FrozenDecoderLayer:
 class FrozenTransformer:
     """Encoding, cross-attention K/V and the incremental decode step of a Transformer, for inference only."""
 
-    def __init__(self, model: Transformer, prepack: bool = True) -> None:
+    def __init__(self, model: Transformer, prepack: bool = True, half: bool = False) -> None:
         cfg = self.cfg = model.cfg
         self.src_table, self.tgt_table = model.src_embed.weight.detach(), model.tgt_embed.weight.detach()
         self.positions = model.positions.to(self.tgt_table.dtype)
@@ -271,13 +284,14 @@ class FrozenTransformer:
         H, pre = cfg.n_heads, cfg.norm == "pre"
         encoder = cast(list[EncoderLayer], list(model.encoder))
         decoder = cast(list[DecoderLayer], list(model.decoder))
-        self.encoder = [FrozenEncoderLayer(layer, H, prepack) for layer in encoder]
-        self.decoder = [FrozenDecoderLayer(layer, H, prepack) for layer in decoder]
+        proj = functools.partial(Projection, prepack=prepack, half=half)
+        self.encoder = [FrozenEncoderLayer(layer, H, proj) for layer in encoder]
+        self.decoder = [FrozenDecoderLayer(layer, H, proj) for layer in decoder]
         norms = [cast(nn.LayerNorm, model.encoder_norm), cast(nn.LayerNorm, model.decoder_norm)]
         self.final = Norms(norms, pre) if pre else None  # the stacks' final norms (pre-norm only)
         kv = [lin for layer in decoder for lin in (layer.cross_attn.k_proj, layer.cross_attn.v_proj)]
-        self.cross_kv_proj = Projection(kv, prepack=prepack)  # all layers' cross K/V in one product
-        self.out = Projection([model.out_proj], bias=model.out_bias, prepack=prepack)
+        self.cross_kv_proj = proj(kv)  # all layers' cross K/V in one product
+        self.out = proj([model.out_proj], bias=model.out_bias)
 
     @property
     def device(self) -> torch.device:
@@ -357,10 +371,11 @@ class FrozenTransformer:
         return self.out(self.final.norm(x, 1) if self.final else x)
 
 
-def freeze(model: Transformer, prepack: bool = True) -> FrozenTransformer:
+def freeze(model: Transformer, prepack: bool = True, half: bool = False) -> FrozenTransformer:
     """The network prepared for inference (fused and prepacked weights); encoding and the decode step go through it.
 
     Built anew at each call: freeze once after loading (or after each training stretch) and keep the result.
     prepack=False keeps PyTorch's default products: the reference the oneDNN path is tested against.
+    half=True (CPU, float32 model): every product reads float16 weights and computes in float32 (`Projection`).
     """
-    return FrozenTransformer(model, prepack)
+    return FrozenTransformer(model, prepack, half)

@@ -56,7 +56,7 @@ def _serve_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--model", action="append", type=Path, metavar="DIR",
                         help="model directory (repeatable); default: every directory under weights/ or TOLK_MODELS")
     parser.add_argument("--device", help="auto | cpu | cuda | cuda:N (default: TOLK_DEVICE or auto)")
-    parser.add_argument("--dtype", choices=["auto", "float32", "float16", "bfloat16", "int8"])
+    parser.add_argument("--dtype", choices=["auto", "float32", "float16", "bfloat16", "int8", "float16w"])
     parser.add_argument("--threads", type=int, help="torch threads per model")
     parser.add_argument("--no-batching", action="store_true", help="decode one sentence at a time")
     parser.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
@@ -95,7 +95,7 @@ def serve(args: argparse.Namespace) -> int:
 def _translate_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--model", type=Path, metavar="DIR", help="model directory (default: the first under weights/)")
     parser.add_argument("--device", default="auto")
-    parser.add_argument("--dtype", default="float32", choices=["float32", "float16", "bfloat16", "int8"])
+    parser.add_argument("--dtype", default="float32", choices=["float32", "float16", "bfloat16", "int8", "float16w"])
     parser.add_argument("--beam-size", type=int)
     parser.add_argument("--sample", action="store_true", help="sample instead of the most likely tokens")
     parser.add_argument("--temperature", type=float)

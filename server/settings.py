@@ -28,9 +28,10 @@ class Settings(BaseSettings):
     )
     weights_dir: Path = Field(default=Path("weights"), description="where model directories are found")
     device: str = Field(default="auto", description="auto | cpu | cuda | cuda:N")
-    dtype: Literal["auto", "float32", "float16", "bfloat16", "int8"] = Field(
+    dtype: Literal["auto", "float32", "float16", "bfloat16", "int8", "float16w"] = Field(
         default="auto", description="auto = int8 on the CPU (quantized linear layers: 1.3 to 3 times as fast, within "
-        "0.2 BLEU of float32 on the shipped model), float32 on a GPU"
+        "0.2 BLEU of float32 on the shipped model), float32 on a GPU; float16w (CPU): float16 weights, float32 "
+        "arithmetic, each sentence's result independent of what shares its batch"
     )
     threads: int | None = Field(default=None, ge=1, le=256, description="torch threads of each scheduler; None = "
                                  "every core but one on the CPU (the event loop needs one), torch's default on a GPU")

@@ -436,7 +436,7 @@ def test_step_goes_through_the_batch_forward(loaded: checkpoint.LoadedModel, sou
         step(batch)
 
 
-@pytest.mark.parametrize("dtype", ["float32", "int8"])
+@pytest.mark.parametrize("dtype", ["float32", "int8", "float16w"])
 def test_a_decoding_process_keeps_the_weights_once(tiny_model_dir: Path, dtype: str) -> None:
     """keep_modules=False (what the batcher loads) drops the modules' linear weights and decodes the same."""
     full = checkpoint.load(tiny_model_dir, device="cpu", dtype=dtype)
@@ -464,3 +464,46 @@ def test_rows_without_scores_decode_the_same_tokens(loaded: checkpoint.LoadedMod
                 assert math.isnan(b[0].score) and not math.isnan(a[0].score)
             else:
                 assert b[0].score == pytest.approx(a[0].score, abs=1e-5)
+
+
+@pytest.mark.parametrize("activation", [None, "relu"])
+def test_float16w_products_of_a_row_do_not_depend_on_its_batch(activation: str | None) -> None:
+    """float16 weights, float32 arithmetic: a row's product is the same alone (the one-row GEMM, whose copy of the
+    weights is rounded the same way) and among rows of very different sizes (fbgemm's float16 product)."""
+    torch.manual_seed(0)
+    for out_features, in_features in ((48, 32), (800, 700)):  # a one-row GEMM weight, and one too large for it
+        linear = nn.Linear(in_features, out_features)
+        proj = Projection([linear], activation, half=True)
+        x = torch.randn(6, in_features) * torch.tensor([0.01, 1.0, 30.0, 0.5, 100.0, 2.0])[:, None]
+        together = proj(x)
+        alone = torch.cat([proj(x[i : i + 1]) for i in range(len(x))])
+        # equal up to float32 rounding of each row's own size (int8 quantizes the 0.01 row to nothing beside the
+        # 100 row: its error there is the whole row)
+        scale = together.abs().amax(1)
+        assert ((alone - together).abs().amax(1) <= 1e-5 * scale).all()
+        rounded = F.linear(x, linear.weight.detach().half().float(), linear.bias.detach())
+        expected = ACTIVATION_FUNCTIONS[activation](rounded) if activation else rounded
+        assert ((together - expected).abs().amax(1) <= 1e-5 * scale).all()
+
+
+def test_float16w_decodes_as_float32_for_weights_stored_in_float16(tiny_model_dir: Path, tmp_path: Path) -> None:
+    """The shipped models are stored in float16: then float16w reads exactly float32's weights, and only the order
+    of the sums differs. Tokens and scores match float32, greedy and beam, alone and batched."""
+    reference = checkpoint.load(tiny_model_dir, device="cpu")
+    spm = tiny_model_dir / "source.spm"
+    checkpoint.save(tmp_path, reference.model, reference.info, spm, spm, weights_dtype="float16")
+    full = checkpoint.load(tmp_path, device="cpu", dtype="float32")
+    half = checkpoint.load(tmp_path, device="cpu", dtype="float16w")
+    assert half.dtype == "float16w" and half.net.out.half is not None
+    sources = [full.tokenizer.encode(s) for s in SOURCES]
+    for config in (GenerationConfig(max_new_tokens=16), GenerationConfig(beam_size=3, max_new_tokens=16)):
+        want = generate(full.net, sources, config)
+        for got in (generate(half.net, sources, config), [generate(half.net, [s], config)[0] for s in sources]):
+            assert [h[0].tokens for h in got] == [h[0].tokens for h in want]
+            for a, b in zip(got, want, strict=True):
+                assert a[0].score == pytest.approx(b[0].score, abs=1e-4)
+
+
+def test_float16w_runs_on_the_cpu_only(tiny_model_dir: Path) -> None:
+    with pytest.raises(ValueError, match="CPU only"):
+        checkpoint.load(tiny_model_dir, device="meta", dtype="float16w")

@@ -31,8 +31,8 @@ def server_settings(model_dir: Path, **changes: Any) -> Settings:
     own), small limits, nothing read from the environment; the batcher in a child process, as users run it, unless
     a test asks for it as a thread (`scheduler_process=False`) to look inside. The translation cache is off, so
     that every request decodes (tests/test_cache.py turns it on)."""
-    settings: dict[str, Any] = {"translation_cache_entries": 0, **changes}
-    return Settings(_env_file=None, models=[model_dir], device="cpu", dtype="float32",  # type: ignore[call-arg]
+    settings: dict[str, Any] = {"translation_cache_entries": 0, "device": "cpu", "dtype": "float32", **changes}
+    return Settings(_env_file=None, models=[model_dir],  # type: ignore[call-arg]
                     max_text_chars=2000, max_texts=8, max_body_bytes=64 * 1024, **settings)
 
 

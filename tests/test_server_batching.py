@@ -16,7 +16,7 @@ import pytest
 from fastapi import FastAPI
 from fastapi.testclient import TestClient
 
-from model.checkpoint import LoadedModel
+from model.checkpoint import LoadedModel, load
 from model.decode import DecodeBatch
 from model.events import FinishEvent
 from model.search import generate
@@ -136,6 +136,21 @@ def test_concurrent_requests_equal_each_alone(client: TestClient, tiny_loaded: L
     assert together == [offline(tiny_loaded, text, **options) for text, options in REQUESTS]
     steps, single = metric(client, "tolk_batch_rows_count") - before[0], metric(client, rows_le_1) - before[1]
     assert single < steps  # some steps did decode several rows together
+
+
+def test_float16w_requests_under_load_equal_each_alone(tiny_model_dir: Path) -> None:
+    """The CPU precision whose rows do not depend on their batch: concurrent requests through the server (its
+    scheduler in a child process, as users run it) translate exactly as the engine translates each alone."""
+    loaded = load(tiny_model_dir, device="cpu", dtype="float16w")
+    with TestClient(create_app(server_settings(tiny_model_dir, dtype="float16w", max_batch_rows=16))) as c:
+        def post(item: tuple[str, dict[str, Any]]) -> str:
+            r = c.post("/translate", json={"q": item[0], "target": "pt", "options": item[1]})
+            assert r.status_code == 200, r.text
+            return str(r.json()["translatedText"])
+
+        with ThreadPoolExecutor(len(REQUESTS)) as pool:
+            together = list(pool.map(post, REQUESTS))
+    assert together == [offline(loaded, text, **options) for text, options in REQUESTS]
 
 
 def test_rows_join_mid_flight(client: TestClient, tiny_loaded: LoadedModel) -> None:
