@@ -20,9 +20,10 @@ class PivotTranslation:
     """A request's texts through two models; answers and events are the second leg's."""
 
     def __init__(self, first: Translation, second: ServedModel, html: bool, options: dict[str, Any],
-                 alternatives: int, stream: bool, timeout: float | None) -> None:
+                 alternatives: int, stream: bool, timeout: float | None, target: str | None = None) -> None:
         self.first, self.second = first, second
         self.args = (html, options, alternatives, stream, timeout)
+        self.target = target  # the second leg's language (a multilingual model's token)
         self.leg: Translation | None = None
         self.cancelled = False
 
@@ -34,16 +35,17 @@ class PivotTranslation:
     @classmethod
     async def start(cls, first: ServedModel, second: ServedModel, texts: list[str], html: bool,
                     options: dict[str, Any], alternatives: int, stream: bool,
-                    timeout: float | None = None) -> PivotTranslation:
+                    timeout: float | None = None, target: str | None = None) -> PivotTranslation:
         """Queue the first leg now (a refusal, 429 or bad settings, comes from here as for one model)."""
-        leg = await first.translate(texts, html, options, 0, False, timeout)
-        return cls(leg, second, html, options, alternatives, stream, timeout)
+        leg = await first.translate(texts, html, options, 0, False, timeout, target=PIVOT)
+        return cls(leg, second, html, options, alternatives, stream, timeout, target)
 
     async def _second_leg(self) -> Translation:
         if self.leg is None:
             english = [r.text for r in await self.first.results()]
             html, options, alternatives, stream, timeout = self.args
-            self.leg = await self.second.translate(english, html, options, alternatives, stream, timeout)
+            self.leg = await self.second.translate(english, html, options, alternatives, stream, timeout,
+                                                   target=self.target)
             if self.cancelled:  # cancelled while the second leg was being queued
                 self.leg.cancel()
         return self.leg

@@ -10,7 +10,7 @@ its non-streamed translation.
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from html import escape
 
@@ -45,14 +45,18 @@ class Plan:
 
 
 def make_plan(
-    texts: list[str], tokenizer: Tokenizer, html: bool, max_source_tokens: int, placeholders: bool = True
+    texts: list[str], tokenizer: Tokenizer, html: bool, max_source_tokens: int, placeholders: bool = True,
+    prefix: Sequence[int] = (),
 ) -> Plan:
-    """Split texts into sentences that each fit the model, mask their placeholders, and tokenize them."""
+    """Split texts into sentences that each fit the model, mask their placeholders, and tokenize them.
+
+    `prefix`: ids that start every source (a multilingual model's target-language token), counted in its length.
+    """
     encoded: dict[str, list[int]] = {}
 
     def encode(sentence: str) -> list[int]:
         if sentence not in encoded:
-            encoded[sentence] = tokenizer.encode(sentence)
+            encoded[sentence] = [*prefix, *tokenizer.encode(sentence)]
         return encoded[sentence]
 
     def too_long(sentence: str) -> bool:

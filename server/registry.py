@@ -8,7 +8,8 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from dataclasses import dataclass
+import re
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -18,7 +19,7 @@ from model.checkpoint import ModelMeta, read_meta, resolve_device
 from model.generation import GenerationConfig
 from server import limits
 from server.errors import NotFound, NotReady, UnsupportedLanguage
-from server.languages import match
+from server.languages import match, standard
 from server.messages import Target
 from server.metrics import Metrics
 from server.pivot import PIVOT
@@ -50,6 +51,22 @@ def model_dirs(settings: Settings) -> list[Path]:
     return found
 
 
+# A multilingual Marian model picks its output language by a token at the start of the source: >>por<<, >>pt_br<<
+LANGUAGE_TOKEN = re.compile(r">>([A-Za-z]{2,3}(?:_[A-Za-z]{2,4})?)<<")
+
+
+def language_tokens(meta: ModelMeta) -> dict[str, int]:
+    """The target languages a multilingual model's vocabulary names (standard tags, `por` -> `pt`) and their token
+    ids; empty for a model of one target language."""
+    vocab = meta.tokenizer.vocab or []
+    found: dict[str, int] = {}
+    for i, piece in enumerate(vocab):
+        m = LANGUAGE_TOKEN.fullmatch(piece)
+        if m:
+            found.setdefault(standard(m.group(1)), i)
+    return found
+
+
 def serving_dtype(settings: Settings) -> str:
     """The precision to serve in: as configured, or for 'auto' int8 on the CPU and float32 on a GPU."""
     if settings.dtype != "auto":
@@ -64,6 +81,7 @@ class ServedModel:
     dtype: str
     scheduler: Scheduler
     defaults: GenerationConfig  # replaced as a whole when an admin changes them
+    tokens: dict[str, int] = field(default_factory=dict)  # a multilingual model's target languages and tokens
 
     @property
     def source(self) -> str:
@@ -73,21 +91,35 @@ class ServedModel:
     def target(self) -> str:
         return self.meta.info.target_language
 
+    @property
+    def targets(self) -> list[str]:
+        """The languages it translates into: its target, or a multilingual model's token languages."""
+        return sorted(self.tokens) if self.tokens else [self.target]
+
     def describe(self) -> dict[str, Any]:
         ready = self.scheduler.ready
         return {
-            "name": self.name, "source": self.source, "target": self.target,
+            "name": self.name, "source": self.source, "target": self.target, "targets": self.targets,
             "device": ready.device if ready else self.scheduler.target.device, "dtype": self.dtype,
             "parameters": ready.parameters if ready else None, "config": self.meta.cfg.to_dict(),
             "running": self.scheduler.running, "rows": self.scheduler.settings.max_batch_rows,
         }
 
     async def translate(self, texts: list[str], html: bool, options: dict[str, Any], alternatives: int,
-                        stream: bool, timeout: float | None = None) -> Translation:
-        """Plan the texts (in a worker thread: long documents), then queue all their sentences as one job."""
+                        stream: bool, timeout: float | None = None, target: str | None = None) -> Translation:
+        """Plan the texts (in a worker thread: long documents), then queue all their sentences as one job.
+
+        `target`: the served language to translate into; a multilingual model starts every source with its token.
+        """
         config = limits.request_config(self.defaults, options, alternatives, self.scheduler.settings)
         tokenizer = self.meta.tokenizer
-        plan = await run_in_threadpool(make_plan, texts, tokenizer, html, self.scheduler.max_source_tokens)
+        prefix: list[int] = []
+        if self.tokens:
+            if target not in self.tokens:
+                raise UnsupportedLanguage(f"{self.name} translates into {', '.join(self.targets)}; name one")
+            prefix = [self.tokens[target]]
+        plan = await run_in_threadpool(make_plan, texts, tokenizer, html, self.scheduler.max_source_tokens,
+                                       prefix=prefix)
         job = None
         if plan.sources:
             job = self.scheduler.submit(plan.sources, [config] * len(plan.sources), stream=stream, timeout=timeout)
@@ -118,9 +150,10 @@ class Registry:
             scheduler = Scheduler(Target(name, directory, s.device, dtype), s, self.metrics,
                                   limits.source_limit(s, meta.cfg.max_positions), new_transport(s))
             scheduler.start()
-            self.models.append(ServedModel(name, meta, dtype, scheduler, limits.clamp(meta.generation, s)))
-            log.info("serving %s (%s -> %s) from %s on %s", name, meta.info.source_language,
-                     meta.info.target_language, directory, scheduler.ready.device if scheduler.ready else "?")
+            served = ServedModel(name, meta, dtype, scheduler, limits.clamp(meta.generation, s), language_tokens(meta))
+            self.models.append(served)
+            log.info("serving %s (%s -> %s) from %s on %s", name, served.source, ", ".join(served.targets),
+                     directory, scheduler.ready.device if scheduler.ready else "?")
 
     def stop(self) -> None:
         for served in self.models:
@@ -159,7 +192,7 @@ class Registry:
         """Each source language with the targets it can be translated into, directly or through English."""
         direct: dict[str, set[str]] = {}
         for m in self.models:
-            direct.setdefault(m.source, set()).add(m.target)
+            direct.setdefault(m.source, set()).update(m.targets)
         through = direct.get(PIVOT, set())
         return {source: sorted(targets | (through - {source} if PIVOT in targets else set()))
                 for source, targets in direct.items()}
@@ -170,16 +203,16 @@ class Registry:
         if not self.models:
             raise NotReady("no model is loaded yet")
         if target is not None:
-            target = match(target, (m.target for m in self.models)) or target
+            target = match(target, self._served_targets()) or target
         found = sorted(s for s, targets in self.targets().items() if target is None or target in targets)
         if not found:
-            pairs = ", ".join(f"{m.source} -> {m.target}" for m in self.models)
+            pairs = self._pairs()
             raise UnsupportedLanguage(f"no model translates into {target}; this server has {pairs}")
         return found
 
     def target_language(self, target: str | None) -> str | None:
         """The served language a client's target means (the only one when it names none), or None."""
-        served = {m.target for m in self.models}
+        served = self._served_targets()
         if target is None:
             return next(iter(served)) if len(served) == 1 else None
         return match(target, served)
@@ -190,9 +223,9 @@ class Registry:
         if source == "auto" or target is None:
             return None
         source = match(source, (m.source for m in self.models)) or source
-        target = match(target, (m.target for m in self.models)) or target
-        first = [m for m in self.models if m.source == source and m.target == PIVOT]
-        second = [m for m in self.models if m.source == PIVOT and m.target == target]
+        target = match(target, self._served_targets()) or target
+        first = [m for m in self.models if m.source == source and PIVOT in m.targets]
+        second = [m for m in self.models if m.source == PIVOT and target in m.targets]
         return (first[0], second[0]) if first and second and PIVOT not in (source, target) else None
 
     def find(self, source: str, target: str | None) -> ServedModel:
@@ -202,13 +235,19 @@ class Registry:
         if source != "auto":
             source = match(source, (m.source for m in self.models)) or source
         if target is not None:
-            target = match(target, (m.target for m in self.models)) or target
+            target = match(target, self._served_targets()) or target
         found = [m for m in self.models if (source == "auto" or m.source == source)
-                 and (target is None or m.target == target)]
+                 and (target is None or target in m.targets)]
         if len(found) == 1:
             return found[0]
         pair = f"{source} -> {target or '?'}"
         if not found:
-            pairs = ", ".join(f"{m.source} -> {m.target}" for m in self.models)
+            pairs = self._pairs()
             raise UnsupportedLanguage(f"no model translates {pair}; this server has {pairs}")
         raise UnsupportedLanguage(f"{pair} is ambiguous; name the source and target languages")
+
+    def _served_targets(self) -> set[str]:
+        return {t for m in self.models for t in m.targets}
+
+    def _pairs(self) -> str:
+        return ", ".join(f"{m.source} -> {'/'.join(m.targets)}" for m in self.models)

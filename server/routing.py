@@ -36,17 +36,19 @@ class Route:
     served: ServedModel  # the model that answers (into the request's target)
     indices: list[int]  # the positions of its texts in the request
     via: ServedModel | None = None  # through English: the model of the first leg (server/pivot.py)
+    target: str | None = None  # the served language asked for (a multilingual model's token picks it)
 
 
 def direct_or_pivot(registry: Registry, source: str, target: str | None, indices: list[int]) -> Route:
     """The pair's model, else two models through English; UnsupportedLanguage when neither exists."""
+    language = registry.target_language(target)
     try:
-        return Route(registry.find(source, target), indices)
+        return Route(registry.find(source, target), indices, target=language)
     except UnsupportedLanguage:
         legs = registry.pivot(source, target)
         if legs is None:
             raise
-        return Route(legs[1], indices, via=legs[0])
+        return Route(legs[1], indices, via=legs[0], target=language)
 
 
 @dataclass
@@ -99,10 +101,11 @@ class RoutedTranslation:
                 mine = [texts[i] for i in r.indices]
                 translation: Translating
                 if r.via is None:
-                    translation = await r.served.translate(mine, html, options, alternatives, stream, timeout)
+                    translation = await r.served.translate(mine, html, options, alternatives, stream, timeout,
+                                                           target=r.target)
                 else:
                     translation = await PivotTranslation.start(r.via, r.served, mine, html, options, alternatives,
-                                                               stream, timeout)
+                                                               stream, timeout, target=r.target)
                 parts.append((r.indices, translation))
         except BaseException:
             for _, translation in parts:

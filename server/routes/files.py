@@ -148,7 +148,8 @@ class PreparedFile:
     @property
     def name(self) -> str:
         """What the translated file is downloaded as."""
-        return download_name(self.upload.filename, self.routing.routes[0].served.target, self.ext)
+        first = self.routing.routes[0]
+        return download_name(self.upload.filename, first.target or first.served.target, self.ext)
 
 
 async def prepare_file(upload: Upload, registry: Registry, detector: LazyDetector,

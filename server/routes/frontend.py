@@ -21,7 +21,7 @@ async def frontend_settings(registry: RegistryDep, settings: SettingsDep) -> Fro
     """Limits and switches a LibreTranslate page reads at start: the text limit, whether keys are needed, the
     languages to start with (detection, and the first model's target), the file formats POST /translate_file
     takes. Suggestions are not collected."""
-    target = registry.models[0].target if registry.models else "en"
+    target = registry.models[0].targets[0] if registry.models else "en"
     return FrontendSettings(
         charLimit=settings.max_text_chars,
         frontendTimeout=FRONTEND_TIMEOUT_MS,
