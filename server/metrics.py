@@ -58,6 +58,10 @@ class Metrics:
                                          "(sampled ones are not)", ["model", "result"], registry=r)
         self.step = Histogram("tolk_decode_step_seconds", "Time of one decode step", ["model"], buckets=STEP,
                               registry=r)
+        self.model_loads = Histogram("tolk_model_load_seconds", "Loads of a model on demand (TOLK_MAX_LOADED_MODELS) "
+                                     "and the time requests waited for each", ["model"], buckets=LATENCY, registry=r)
+        self.model_unloads = Counter("tolk_model_unloads", "Models unloaded to make room or after idling", ["model"],
+                                     registry=r)
 
 
 @dataclass

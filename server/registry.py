@@ -9,6 +9,8 @@ from __future__ import annotations
 import asyncio
 import logging
 import re
+import time
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -82,6 +84,9 @@ class ServedModel:
     scheduler: Scheduler
     defaults: GenerationConfig  # replaced as a whole when an admin changes them
     tokens: dict[str, int] = field(default_factory=dict)  # a multilingual model's target languages and tokens
+    load: Callable[[ServedModel], Awaitable[None]] | None = None  # loads it on demand (TOLK_MAX_LOADED_MODELS)
+    last_used: float = 0.0  # time.monotonic() of its last request
+    active: int = 0  # requests between asking for it and handing their job to its scheduler
 
     @property
     def source(self) -> str:
@@ -101,6 +106,7 @@ class ServedModel:
         return {
             "name": self.name, "source": self.source, "target": self.target, "targets": self.targets,
             "device": ready.device if ready else self.scheduler.target.device, "dtype": self.dtype,
+            "loaded": self.scheduler.running,
             "parameters": ready.parameters if ready else None, "config": self.meta.cfg.to_dict(),
             "running": self.scheduler.running, "rows": self.scheduler.settings.max_batch_rows,
         }
@@ -118,12 +124,24 @@ class ServedModel:
             if target not in self.tokens:
                 raise UnsupportedLanguage(f"{self.name} translates into {', '.join(self.targets)}; name one")
             prefix = [self.tokens[target]]
-        plan = await run_in_threadpool(make_plan, texts, tokenizer, html, self.scheduler.max_source_tokens,
-                                       prefix=prefix)
-        job = None
-        if plan.sources:
-            job = self.scheduler.submit(plan.sources, [config] * len(plan.sources), stream=stream, timeout=timeout)
+        self.active += 1  # not unloaded from here until its job is queued
+        try:
+            if self.load is not None:
+                await self.load(self)
+            plan = await run_in_threadpool(make_plan, texts, tokenizer, html, self.scheduler.max_source_tokens,
+                                           prefix=prefix)
+            job = None
+            if plan.sources:
+                job = self.scheduler.submit(plan.sources, [config] * len(plan.sources), stream=stream,
+                                            timeout=timeout)
+        finally:
+            self.active -= 1
+            self.last_used = time.monotonic()
         return Translation(plan, job, tokenizer, alternatives, self.name)
+
+    @property
+    def idle(self) -> bool:
+        return self.active == 0 and not self.scheduler.busy
 
 
 def new_transport(settings: Settings) -> Transport:
@@ -138,6 +156,15 @@ class Registry:
         self.settings = settings
         self.metrics = metrics
         self.models: list[ServedModel] = []
+        self._loading = asyncio.Lock()  # one load (and its unloads to make room) at a time
+
+    @property
+    def on_demand(self) -> bool:
+        return self.settings.max_loaded_models > 0
+
+    def _scheduler(self, target: Target, meta: ModelMeta) -> Scheduler:
+        s = self.settings
+        return Scheduler(target, s, self.metrics, limits.source_limit(s, meta.cfg.max_positions), new_transport(s))
 
     def start(self) -> None:
         """Load every model and start its scheduler (blocking: called from the lifespan in a worker thread)."""
@@ -147,17 +174,61 @@ class Registry:
             name = meta.info.name
             if any(m.name == name for m in self.models):
                 raise NoModels(f"two model directories are named {name!r}")
-            scheduler = Scheduler(Target(name, directory, s.device, dtype), s, self.metrics,
-                                  limits.source_limit(s, meta.cfg.max_positions), new_transport(s))
-            scheduler.start()
-            served = ServedModel(name, meta, dtype, scheduler, limits.clamp(meta.generation, s), language_tokens(meta))
+            scheduler = self._scheduler(Target(name, directory, s.device, dtype), meta)
+            if not self.on_demand:
+                scheduler.start()
+            served = ServedModel(name, meta, dtype, scheduler, limits.clamp(meta.generation, s), language_tokens(meta),
+                                 load=self._load if self.on_demand else None)
             self.models.append(served)
-            log.info("serving %s (%s -> %s) from %s on %s", name, served.source, ", ".join(served.targets),
-                     directory, scheduler.ready.device if scheduler.ready else "?")
+            device = scheduler.ready.device if scheduler.ready else "?"
+            where = "loads on first use" if self.on_demand else f"on {device}"
+            log.info("serving %s (%s -> %s) from %s, %s", name, served.source, ", ".join(served.targets), directory,
+                     where)
 
     def stop(self) -> None:
         for served in self.models:
             served.scheduler.stop()
+
+    async def _load(self, served: ServedModel) -> None:
+        """Load a model on demand (its request waits, and the wait is measured), unloading the least recently used
+        idle models beyond the budget first."""
+        if served.scheduler.running:
+            return
+        async with self._loading:
+            if served.scheduler.running:
+                return
+            start = time.monotonic()
+            loaded = sorted((m for m in self.models if m is not served and m.scheduler.running),
+                            key=lambda m: m.last_used)
+            excess = len(loaded) + 1 - self.settings.max_loaded_models
+            for victim in [m for m in loaded if m.idle][: max(0, excess)]:
+                await self._unload(victim, f"to make room for {served.name}")
+            if served.scheduler.ready is not None:  # it died: a stopped scheduler does not start again
+                served.scheduler = self._scheduler(served.scheduler.target, served.meta)
+            await run_in_threadpool(served.scheduler.start)
+            waited = time.monotonic() - start
+            self.metrics.model_loads.labels(model=served.name).observe(waited)
+            log.info("loaded %s on demand in %.2f s", served.name, waited)
+
+    async def _unload(self, served: ServedModel, why: str) -> None:
+        """Stop an idle model's scheduler. The swap to a fresh, unstarted one happens first, on the event loop: a
+        request that comes meanwhile finds it not running and waits for its load."""
+        old = served.scheduler
+        served.scheduler = self._scheduler(old.target, served.meta)
+        await run_in_threadpool(old.stop)
+        self.metrics.model_unloads.labels(model=served.name).inc()
+        log.info("unloaded %s (%s)", served.name, why)
+
+    async def unload_idle(self) -> None:
+        """Unload the models idle for longer than unload_after (on demand only)."""
+        after = self.settings.unload_after
+        if not self.on_demand or not after:
+            return
+        async with self._loading:
+            now = time.monotonic()
+            for m in self.models:
+                if m.scheduler.running and m.idle and now - m.last_used > after:
+                    await self._unload(m, f"idle for {now - m.last_used:.1f} s")
 
     def revive(self) -> list[str]:
         """Restart every scheduler whose thread died (blocking: it allocates a new batch); their names."""
@@ -175,12 +246,14 @@ class Registry:
             await asyncio.sleep(interval)
             try:
                 await run_in_threadpool(self.revive)
+                await self.unload_idle()
             except Exception:
                 log.exception("restarting a scheduler failed; trying again in %g s", interval)
 
     @property
     def ready(self) -> bool:
-        return bool(self.models) and all(m.scheduler.running for m in self.models)
+        """Every model runs; on demand, the models are known (each loads when it is first asked for)."""
+        return bool(self.models) and (self.on_demand or all(m.scheduler.running for m in self.models))
 
     def by_name(self, name: str) -> ServedModel:
         for served in self.models:

@@ -90,6 +90,12 @@ class Scheduler:
         return self._failure
 
     @property
+    def busy(self) -> bool:
+        """Some job still has sentences at the batcher."""
+        with self._lock:
+            return bool(self._jobs)
+
+    @property
     def queued(self) -> int:
         """Sentences submitted and not yet admitted."""
         return self._submitted - self._left

@@ -50,6 +50,11 @@ class Settings(BaseSettings):
     max_source_tokens: int = Field(default=256, ge=8, le=4096, description="longest sentence; longer ones are split")
     max_queue: int = Field(default=1024, ge=1, description="sentences waiting for rows before requests get 429")
     request_timeout: float = Field(default=60.0, gt=0, description="seconds to wait and decode before a 504")
+    max_loaded_models: int = Field(
+        default=0, ge=0, description="0: every model loads at start and stays. N: a model loads on its first request, "
+        "at most N at once; to make room the least recently used idle one is unloaded")
+    unload_after: float = Field(default=0.0, ge=0, description="with max_loaded_models: seconds a model may idle "
+                                "before it is unloaded (0: only to make room)")
     watchdog_interval: float = Field(default=1.0, gt=0, description="seconds between checks that restart a "
                                      "dead scheduler thread")
     translation_cache_entries: int = Field(default=10000, ge=0, description="finished sentences kept per model "
