@@ -180,6 +180,8 @@ class Registry:
             served = ServedModel(name, meta, dtype, scheduler, limits.clamp(meta.generation, s), language_tokens(meta),
                                  load=self._load if self.on_demand else None)
             self.models.append(served)
+            self.metrics.model_loads.labels(model=name)  # at 0 from the start, so that a panel shows 0, not nothing
+            self.metrics.model_unloads.labels(model=name)
             device = scheduler.ready.device if scheduler.ready else "?"
             where = "loads on first use" if self.on_demand else f"on {device}"
             log.info("serving %s (%s -> %s) from %s, %s", name, served.source, ", ".join(served.targets), directory,
