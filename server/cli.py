@@ -31,6 +31,8 @@ RECIPES: list[tuple[tuple[str, ...], str, str, str, str]] = [
      "import a Hugging Face Marian / OPUS-MT checkpoint (HF_DIR OUT_DIR)"),
     (("export-marian",), "model.marian", "add_export_arguments", "export_main",
      "export a model directory as a Hugging Face Marian checkpoint (MODEL_DIR HF_DIR)"),
+    (("pull",), "model.pull", "add_arguments", "main",
+     "download a Hugging Face Marian / OPUS-MT checkpoint and import it (REPO, e.g. Helsinki-NLP/opus-mt-en-de)"),
 ]
 
 
