@@ -119,6 +119,10 @@ class DecodeBatch:
         S = max(len(src) for _, src, _ in items)
         if self.cache.max_src < S or min(len(src) for _, src, _ in items) == 0:
             raise ValueError(f"source length must be between 1 and {self.cache.max_src} tokens")
+        keys = [key for key, _, _ in items]
+        taken = [k for k in keys if k in self.seqs] or [k for i, k in enumerate(keys) if k in keys[:i]]
+        if taken:
+            raise ValueError(f"key {taken[0]!r} is already decoding")
         device = self.net.device
         pad = self.cfg.pad_id
         src = torch.tensor([ids + [pad] * (S - len(ids)) for _, ids, _ in items], dtype=torch.long).to(device)
@@ -126,8 +130,6 @@ class DecodeBatch:
         if any(c.beam_size > 1 for _, _, c in items):  # each beam has its own row
             expand = torch.tensor([i for i, (_, _, c) in enumerate(items) for _ in range(c.beam_size)], device=device)
             cross, src_mask = cross.index_select(2, expand), src_mask[expand]
-        if len({key for key, _, _ in items}) < len(items) or any(key in self.seqs for key, _, _ in items):
-            raise ValueError("a key is already decoding")
         start = self.n
         self.cache.admit(start, cross, src_mask)
         row = start

@@ -507,3 +507,14 @@ def test_float16w_decodes_as_float32_for_weights_stored_in_float16(tiny_model_di
 def test_float16w_runs_on_the_cpu_only(tiny_model_dir: Path) -> None:
     with pytest.raises(ValueError, match="CPU only"):
         checkpoint.load(tiny_model_dir, device="meta", dtype="float16w")
+
+
+def test_a_key_already_decoding_is_refused_before_anything_changes(loaded: checkpoint.LoadedModel,
+                                                                    sources: list[list[int]]) -> None:
+    batch = DecodeBatch(loaded.net, rows=4, max_src=32, max_tgt=8)
+    config = GenerationConfig(max_new_tokens=8)
+    batch.admit([((0, 0), sources[0], config)])
+    for items in ([((0, 0), sources[1], config)], [((1, 0), sources[1], config), ((1, 0), sources[2], config)]):
+        with pytest.raises(ValueError, match="already decoding"):
+            batch.admit(items)
+        assert batch.n == 1 and list(batch.seqs) == [(0, 0)]
