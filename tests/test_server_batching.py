@@ -355,3 +355,17 @@ async def _submit(scheduler: Scheduler, sources: list[list[int]], config: Any) -
 
 def test_overloaded_carries_retry_after() -> None:
     assert Overloaded("busy", 5).retry_after == 5
+
+
+def test_a_quiet_stream_gets_keep_alive_comments(client: TestClient, monkeypatch: pytest.MonkeyPatch) -> None:
+    """While no token comes (slow steps here), the stream sends SSE comments, which clients ignore, so that proxies
+    do not close it; the events around them are the same as without."""
+    from server.routes import translate as route
+
+    body = {"q": "Open the file.", "target": "pt", "options": {"max_new_tokens": 3}}
+    plain = client.post("/translate/stream", json=body).text
+    monkeypatch.setattr(route, "SSE_PING", 0.01)
+    with slow_steps(scheduler_of(client), 0.05):
+        quiet = client.post("/translate/stream", json=body).text
+    assert ": ping" in quiet and ": ping" not in plain
+    assert parse_sse(quiet) == parse_sse(plain)
