@@ -275,9 +275,9 @@ def generation_defaults(generation: dict[str, Any], cfg: ModelConfig) -> dict[st
     return {k: v for k, v in out.items() if v != defaults[k]}
 
 
-def languages(src: Path, tok: dict[str, Any]) -> tuple[str, str]:
-    """Languages from tokenizer_config.json, else from an opus-mt-SRC-TGT directory name."""
-    parts = src.resolve().name.split("-")
+def languages(src: Path, tok: dict[str, Any], name: str | None = None) -> tuple[str, str]:
+    """Languages from tokenizer_config.json, else from an opus-mt-SRC-TGT name (default: the directory's)."""
+    parts = (name or src.resolve().name).split("-")
     guess = (parts[-2], parts[-1]) if len(parts) >= 3 else ("und", "und")
     return str(tok.get("source_lang") or guess[0]), str(tok.get("target_lang") or guess[1])
 

@@ -14,18 +14,12 @@ import tempfile
 from pathlib import Path
 
 from model import checkpoint
-from model.marian import import_marian
+from model.marian import import_marian, languages
 from model.marian_format import UnsupportedCheckpoint, read_json
 
 # What import_marian reads; pytorch_model.bin only where there is no model.safetensors (see pull)
 MARIAN_FILES = ["config.json", "generation_config.json", "tokenizer_config.json", "source.spm", "target.spm",
                 "vocab.json", "target_vocab.json", "README.md"]
-
-
-def repo_languages(name: str) -> tuple[str | None, str | None]:
-    """(source, target) from an opus-mt-SRC-TGT repository name, else (None, None)."""
-    parts = name.split("-")
-    return (parts[-2], parts[-1]) if len(parts) >= 3 and name.startswith("opus-mt") else (None, None)
 
 
 def pull(repo_id: str, out: Path | None = None, weights_dir: Path = Path("weights"), revision: str | None = None,
@@ -53,14 +47,13 @@ def pull(repo_id: str, out: Path | None = None, weights_dir: Path = Path("weight
         raise ValueError(f"cannot download {repo_id}: no network, and it is not in the Hugging Face cache") from e
     except HfHubHTTPError as e:
         raise ValueError(f"downloading {repo_id} failed: {e}") from e
-    tok = read_json(snapshot / "tokenizer_config.json")
-    source, target = repo_languages(name)
+    # the snapshot's directory is named by its commit: the languages come from the repository's name instead
+    source, target = languages(snapshot, read_json(snapshot / "tokenizer_config.json"), name)
     out.parent.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(dir=out.parent, prefix=f".{out.name}-") as tmp:
         staged = Path(tmp) / "model"
         try:
-            import_marian(snapshot, staged, name, None if tok.get("source_lang") else source,
-                          None if tok.get("target_lang") else target)
+            import_marian(snapshot, staged, name, source, target)
         except UnsupportedCheckpoint as e:
             raise ValueError(f"{repo_id}: {e}") from e
         if out.exists():
