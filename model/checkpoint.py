@@ -7,6 +7,7 @@ A model directory holds:
   info.json          name and languages: {"name": "en-pt", "source_language": "en", "target_language": "pt"}
   generation.json    optional default GenerationConfig fields
   vocab.json         optional list of pieces by model id, when ids are not SentencePiece's own (Marian)
+  source_vocab.json  optional: the source side's own list, when it differs from vocab.json's (CTranslate2 imports)
   MODEL_CARD.md      data, licences, recipe, scores, hardware
 """
 
@@ -23,6 +24,7 @@ import torch
 from safetensors.torch import load_model, save_model
 from torch import nn
 
+from model import calibrate
 from model.config import ModelConfig
 from model.frozen import FrozenTransformer, freeze
 from model.generation import GenerationConfig
@@ -124,7 +126,10 @@ def read_meta(directory: Path | str) -> ModelMeta:
     cfg = ModelConfig.load(directory / "config.json")
     vocab_path = directory / "vocab.json"
     vocab = json.loads(vocab_path.read_text()) if vocab_path.exists() else None
-    tokenizer = Tokenizer.load(directory, cfg.eos_id, cfg.unk_id, vocab)
+    source_path = directory / "source_vocab.json"
+    source_vocab = json.loads(source_path.read_text()) if source_path.exists() else None
+    tokenizer = Tokenizer.load(directory, cfg.eos_id, cfg.unk_id, vocab, source_vocab=source_vocab,
+                               bos_id=cfg.bos_id, add_bos=cfg.add_source_bos, add_eos=cfg.add_source_eos)
     info = ModelInfo.load(directory / "info.json")
     return ModelMeta(directory, info, cfg, tokenizer, load_generation_defaults(directory))
 
@@ -142,12 +147,13 @@ def release_linear_weights(model: Transformer) -> None:
 
 
 def load(directory: Path | str, device: str = "auto", dtype: str = "float32",
-         keep_modules: bool = True) -> LoadedModel:
+         keep_modules: bool = True, int8_ranges: bool = True) -> LoadedModel:
     """Load a model directory onto a device ('auto', 'cpu', 'cuda', 'cuda:1') in a dtype ('int8' and 'float16w' on
     the CPU only).
 
     keep_modules=False keeps the weights once, in the frozen network (`release_linear_weights`): for a process that
-    only decodes through `.net`.
+    only decodes through `.net`. int8 products take the fixed input ranges of the directory's int8.json when it has
+    one (`model.calibrate`; int8_ranges=False: scaled per call, as without the file).
     """
     if dtype not in PRECISIONS:
         raise ValueError(f"dtype must be one of {PRECISIONS}, got {dtype!r}")
@@ -164,6 +170,9 @@ def load(directory: Path | str, device: str = "auto", dtype: str = "float32",
     if dtype == "int8":
         model = quantize_int8(model)
     net = freeze(model, half=dtype == "float16w")  # fuse and prepack the weights now, not on the first request
+    ranges = calibrate.read(meta.path) if dtype == "int8" and int8_ranges else None
+    if ranges is not None:
+        calibrate.apply(net, ranges)
     if not keep_modules:
         release_linear_weights(model)
     return LoadedModel(meta.path, meta.info, model, meta.tokenizer, meta.generation, dtype, parameters, net)
@@ -178,6 +187,7 @@ def save(
     generation: dict[str, Any] | None = None,
     vocab: list[str] | None = None,
     weights_dtype: str = "float32",
+    source_vocab: list[str] | None = None,
 ) -> None:
     """Write a model directory; the weights as float32 (default) or float16 (`STORAGE_DTYPES`), from the CPU."""
     if weights_dtype not in STORAGE_DTYPES:
@@ -195,5 +205,6 @@ def save(
     if generation:
         GenerationConfig().update(**generation)  # refuse invalid defaults before writing them
         (directory / "generation.json").write_text(json.dumps(generation, indent=2) + "\n")
-    if vocab is not None:
-        (directory / "vocab.json").write_text(json.dumps(vocab, ensure_ascii=False) + "\n")
+    for pieces, name in ((vocab, "vocab.json"), (source_vocab, "source_vocab.json")):
+        if pieces is not None:
+            (directory / name).write_text(json.dumps(pieces, ensure_ascii=False) + "\n")

@@ -34,6 +34,8 @@ class ModelConfig:
     eos_id: int = 2
     unk_id: int = 3
     decoder_start_id: int = 1  # first decoder input; Marian uses pad
+    add_source_bos: bool = False  # bos_id in front of every source (CTranslate2's add_source_bos)
+    add_source_eos: bool = True  # eos_id after every source; OpenNMT-py (Argos) models are trained without it
     layer_norm_eps: float = 1e-5
     dropout: float = 0.1
     attention_dropout: float = 0.0
@@ -49,6 +51,8 @@ class ModelConfig:
             raise ValueError("d_model must be even for sinusoidal positions")
         if self.share_embeddings and self.src_vocab_size != self.tgt_vocab_size:
             raise ValueError("share_embeddings needs src_vocab_size == tgt_vocab_size")
+        if self.add_source_bos and not 0 <= self.bos_id < self.src_vocab_size:
+            raise ValueError("add_source_bos needs a bos_id in the source vocabulary")
         for name in ("pad_id", "eos_id", "unk_id", "decoder_start_id"):
             if not 0 <= getattr(self, name) < self.tgt_vocab_size:
                 raise ValueError(f"{name} must be a valid target token id")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import sentencepiece as spm
 
@@ -14,7 +15,9 @@ class Tokenizer:
     """Source and target SentencePiece models (one file may serve both) mapped onto the model's ids.
 
     By default a token id is the SentencePiece piece id. A vocabulary list (Marian's vocab.json) may map
-    pieces to other ids; then `vocab[i]` is the piece of model id i.
+    pieces to other ids; then `vocab[i]` is the piece of model id i, on both sides unless `source_vocab` gives the
+    source's own list (a CTranslate2 model with separate vocabularies). A source ends with end-of-sentence unless
+    `add_eos` is false (OpenNMT-py and Argos models), and starts with `bos_id` when `add_bos` is true.
     """
 
     def __init__(
@@ -24,20 +27,44 @@ class Tokenizer:
         eos_id: int,
         unk_id: int,
         vocab: list[str] | None = None,
+        *,
+        source_vocab: list[str] | None = None,
+        bos_id: int = -1,
+        add_bos: bool = False,
+        add_eos: bool = True,
     ) -> None:
         self.source, self.target = source, target
         self.eos_id, self.unk_id = eos_id, unk_id
         self.vocab = vocab
-        self.piece_to_id = {p: i for i, p in enumerate(vocab)} if vocab is not None else None
+        table = source_vocab if source_vocab is not None else vocab
+        self.piece_to_id = {p: i for i, p in enumerate(table)} if table is not None else None
+        self.source_vocab = source_vocab
+        self.add_eos = add_eos
+        if add_bos and bos_id < 0:
+            raise ValueError("add_bos needs a bos_id")
+        self.prefix = [self._source_id(bos_id)] if add_bos else []
+        self.source_unk = self._source_id(unk_id)
 
     @classmethod
-    def load(cls, directory: Path, eos_id: int, unk_id: int, vocab: list[str] | None = None) -> Tokenizer:
+    def load(cls, directory: Path, eos_id: int, unk_id: int, vocab: list[str] | None = None,
+             **options: Any) -> Tokenizer:
+        """The tokenizer of a model directory; `options` are __init__'s keyword arguments."""
         source = spm.SentencePieceProcessor(model_file=str(directory / "source.spm"))
         target = spm.SentencePieceProcessor(model_file=str(directory / "target.spm"))
-        return cls(source, target, eos_id, unk_id, vocab)
+        return cls(source, target, eos_id, unk_id, vocab, **options)
+
+    def _source_id(self, target_id: int) -> int:
+        """The source side's id of a (special) target token: the same id unless the source has its own vocabulary."""
+        if self.source_vocab is None or self.piece_to_id is None:
+            return target_id
+        return self.piece_to_id.get(self.pieces([target_id])[0], target_id)
 
     def encode(self, text: str) -> list[int]:
-        """Source text -> model ids, ending with end-of-sentence."""
+        """Source text -> model ids, ending with end-of-sentence unless the model was trained without it.
+
+        A source is never empty: an empty text without end-of-sentence still gets one, since the encoder needs a
+        token to attend to.
+        """
         if self.piece_to_id is None:
             ids: list[int] = self.source.encode(text)
         else:
@@ -46,8 +73,9 @@ class Tokenizer:
             if end >= 0:  # a target-language token such as >>por<< (multilingual Marian models)
                 code, text = [text[: end + 2]], text[end + 2 :]
             pieces: list[str] = code + self.source.encode(text, out_type=str)
-            ids = [self.piece_to_id.get(p, self.unk_id) for p in pieces]
-        return ids + [self.eos_id]
+            ids = [self.piece_to_id.get(p, self.source_unk) for p in pieces]
+        ids = self.prefix + ids
+        return ids + [self._source_id(self.eos_id)] if self.add_eos or not ids else ids
 
     def pieces(self, ids: list[int]) -> list[str]:
         if self.vocab is not None:

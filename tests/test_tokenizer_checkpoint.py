@@ -23,6 +23,30 @@ def test_tokenizer_round_trips(tiny_loaded: checkpoint.LoadedModel) -> None:
         assert tok.decode(ids) == " ".join(text.split())  # SentencePiece normalises runs of spaces
 
 
+def test_source_bos_and_eos_follow_the_model_config(tiny_model_dir: Path, tmp_path: Path) -> None:
+    """add_source_eos false (OpenNMT-py / Argos models) drops the end-of-sentence, add_source_bos puts bos first;
+    a directory without the fields keeps today's source (eos last)."""
+    plain = checkpoint.read_meta(tiny_model_dir).tokenizer
+    text = "Open the file."
+    for bos, eos in ((False, False), (True, True), (True, False)):
+        directory = tmp_path / f"{bos}-{eos}"
+        directory.mkdir()
+        for f in tiny_model_dir.iterdir():
+            if f.is_file():
+                (directory / f.name).write_bytes(f.read_bytes())
+        cfg = json.loads((tiny_model_dir / "config.json").read_text())
+        (directory / "config.json").write_text(json.dumps({**cfg, "add_source_bos": bos, "add_source_eos": eos}))
+        meta = checkpoint.read_meta(directory)
+        body = plain.encode(text)[:-1]
+        assert meta.tokenizer.encode(text) == [meta.cfg.bos_id] * bos + body + [meta.cfg.eos_id] * eos
+        empty = [meta.cfg.bos_id] * bos + [meta.cfg.eos_id] * (eos or not bos)
+        assert meta.tokenizer.encode("") == empty  # never an empty source
+    old = {k: v for k, v in json.loads((tiny_model_dir / "config.json").read_text()).items()
+           if k not in ("add_source_bos", "add_source_eos")}  # a directory written before the flags existed
+    (tmp_path / "False-False" / "config.json").write_text(json.dumps(old))
+    assert checkpoint.read_meta(tmp_path / "False-False").tokenizer.encode(text) == plain.encode(text)
+
+
 def test_incremental_detokenizer_never_emits_broken_characters(tiny_loaded: checkpoint.LoadedModel) -> None:
     tok = tiny_loaded.tokenizer
     for text in TEXTS:
