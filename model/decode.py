@@ -11,12 +11,14 @@ from __future__ import annotations
 
 import logging
 import random
+from collections.abc import Sequence as Seq
 from dataclasses import dataclass, field
 
 import torch
 from torch import Tensor
 
 from model import logits as lp
+from model.constraints import Constraints, Progress
 from model.events import Hypothesis, SentenceKey
 from model.frozen import FrozenTransformer
 from model.generation import GenerationConfig
@@ -38,6 +40,8 @@ class Sequence:
     scores: list[float] = field(default_factory=list)  # per beam, running sum of log-probs
     hyps: list[Hypothesis] = field(default_factory=list)  # finished beams
     n_gen: int = 0
+    constraints: Constraints | None = None  # token sequences that must appear in the output (None: no work)
+    progress: list[Progress] = field(default_factory=list)  # per beam, its way through the constraints
 
     @property
     def beam(self) -> int:
@@ -109,8 +113,13 @@ class DecodeBatch:
         return len(self.seqs)
 
     @torch.inference_mode()
-    def admit(self, items: list[tuple[SentenceKey, list[int], GenerationConfig]]) -> None:
-        """Start decoding (key, source ids, settings) items; raises ValueError if they do not fit."""
+    def admit(self, items: list[tuple[SentenceKey, list[int], GenerationConfig]],
+              constraints: Seq[Seq[Seq[int]] | None] | None = None) -> None:
+        """Start decoding (key, source ids, settings) items; raises ValueError if they do not fit.
+
+        `constraints`: per item, the token sequences that must appear in its output (model.constraints), or None.
+        """
+        terms = self._constraints(constraints, len(items))
         need = sum(c.beam_size for _, _, c in items)
         if need > self.free_rows:
             raise ValueError(f"{need} rows needed, {self.free_rows} free")
@@ -135,10 +144,12 @@ class DecodeBatch:
         row = start
         longs: list[list[int]] = []
         floats: list[list[float]] = []
-        for key, ids, config in items:
+        for (key, ids, config), c in zip(items, terms, strict=True):
             rows = list(range(row, row + config.beam_size))
             max_new = min(config.max_new_tokens, self.cache.max_tgt)
             seq = Sequence(key, config, len(ids), rows, max_new, [[] for _ in rows], [0.0] * len(rows))
+            if c is not None:
+                seq.constraints, seq.progress = c, [c.start() for _ in rows]
             self._row_settings(seq, longs, floats)
             self.seqs[key] = seq
             for r in rows:
@@ -146,6 +157,23 @@ class DecodeBatch:
             row += config.beam_size
         self.state.fill(start, longs, floats)
         self.n = row
+
+    def _constraints(self, constraints: Seq[Seq[Seq[int]] | None] | None, n: int) -> list[Constraints | None]:
+        """Each item's constraints, checked against the vocabulary before anything is encoded."""
+        if constraints is None:
+            return [None] * n
+        if len(constraints) != n:
+            raise ValueError("need one list of constraints (or None) per item")
+        out: list[Constraints | None] = []
+        for terms in constraints:
+            if not terms:
+                out.append(None)
+                continue
+            c = Constraints(terms)
+            if any(t >= self.cfg.tgt_vocab_size or t == self.cfg.eos_id for term in c.terms for t in term):
+                raise ValueError("constraint tokens must be target-vocabulary ids other than end-of-sentence")
+            out.append(c)
+        return out
 
     def _row_settings(self, seq: Sequence, longs: list[list[int]], floats: list[list[float]]) -> None:
         """A new sequence's rows in RowState's column order (LONGS, FLOATS)."""

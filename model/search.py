@@ -16,6 +16,7 @@ import torch
 from torch import Tensor
 
 from model import logits as lp
+from model.constraints import select_beams
 from model.decode import DecodeBatch, Sequence
 from model.events import Event, FinishEvent, Hypothesis, SentenceKey, TokenEvent
 from model.frozen import FrozenTransformer
@@ -86,6 +87,10 @@ def step(batch: DecodeBatch) -> list[Event]:
     if sampled and logprobs is not None:  # (sampled rows always have log-probs)
         idx = torch.tensor(sampled, device=logits.device)
         tokens[idx] = lp.sample(logprobs[idx], st.seed[idx], st.n_gen[idx])
+    constrained = [s for s in seqs if s.constraints is not None and s.beam == 1
+                   and not s.constraints.satisfied(s.progress[0])]
+    if constrained:
+        _force_constraints(batch, constrained, logits, tokens)
     if beams and logprobs is not None:  # (beam rows always have log-probs)
         _beam_step(batch, beams, logprobs, tokens)
     batch.record(tokens)
@@ -140,8 +145,16 @@ def _beam_step(batch: DecodeBatch, beams: list[Sequence], logprobs: Tensor, toke
     dst_rows: list[int] = []
     new_tokens: list[int] = []
     new_scores: list[float] = []
-    for k in sorted({s.beam for s in beams}):
-        group = [s for s in beams if s.beam == k]
+    plain = [s for s in beams if s.constraints is None]
+    for seq in (s for s in beams if s.constraints is not None):
+        picks = _advance_constrained(seq, st.score, logprobs, top_logprobs, top_tokens, batch.cfg.eos_id)
+        for b, (beam, token, score) in enumerate(picks):
+            src_rows.append(seq.rows[beam])
+            dst_rows.append(seq.rows[b])
+            new_tokens.append(token)
+            new_scores.append(score)
+    for k in sorted({s.beam for s in plain}):
+        group = [s for s in plain if s.beam == k]
         m, c = len(group), min(2 * k, K)
         idx = torch.tensor([s.rows for s in group], device=device)  # (m, k)
         cand = (st.score[idx][..., None] + top_logprobs[idx, :c]).view(m, k * c)
@@ -190,6 +203,66 @@ def _advance_beams(seq: Sequence, scores: list[float], cands: list[tuple[int, in
     return picks
 
 
+def _force_constraints(batch: DecodeBatch, seqs: list[Sequence], logits: Tensor, tokens: Tensor) -> None:
+    """Greedy and sampled rows with unmet constraints: the model's token, or a constraint's (Constraints.choose).
+
+    Their model tokens, best logits and the logits of the tokens that advance their constraints come up in one
+    transfer; the tokens that change go down in one. Rows without constraints are not touched.
+    """
+    device = logits.device
+    nexts = [s.constraints.next_tokens(s.progress[0]) for s in seqs if s.constraints is not None]
+    width = max(len(t) for t in nexts)
+    rows = torch.tensor([s.rows[0] for s in seqs], device=device)
+    cand = torch.tensor([t + [t[0]] * (width - len(t)) for t in nexts], device=device)  # (m, width)
+    mine = logits[rows]  # (m, V)
+    up = torch.cat([tokens[rows, None].double(), mine.amax(-1, keepdim=True).double(),
+                    mine.gather(1, cand).double()], 1).tolist()
+    changed: list[tuple[int, int]] = []
+    for seq, nxt, (token, best, *starts) in zip(seqs, nexts, up, strict=True):
+        c = seq.constraints
+        if c is None:
+            continue
+        scored = dict(zip(nxt, starts, strict=False))
+        chosen = c.choose(seq.progress[0], int(token), best, scored, seq.max_new - seq.n_gen, batch.cfg.eos_id)
+        if chosen != int(token):
+            changed.append((seq.rows[0], chosen))
+    if changed:
+        down = torch.tensor(changed, dtype=torch.long).to(device)
+        tokens[down[:, 0]] = down[:, 1]
+
+
+def _advance_constrained(seq: Sequence, score: Tensor, logprobs: Tensor, top_logprobs: Tensor, top_tokens: Tensor,
+                         eos: int) -> list[
+    tuple[int, int, float]
+]:
+    """One beam-search step of a sentence with constraints (model.constraints.select_beams); the same picks as
+    `_advance_beams` returns, and the sentence's hypotheses, beams and progress brought up to date."""
+    c = seq.constraints
+    if c is None:
+        raise RuntimeError("a sentence without constraints took the constrained beam path")
+    k = seq.beam
+    width = min(2 * k, top_tokens.shape[1])
+    nexts = [c.next_tokens(p) or [eos] for p in seq.progress]
+    extra = max(len(t) for t in nexts)
+    rows = torch.tensor(seq.rows, device=logprobs.device)
+    cand = torch.tensor([t + [t[0]] * (extra - len(t)) for t in nexts], device=logprobs.device)  # (k, extra)
+    # the running scores are the device's: at the first step only beam 0 is alive there (the host says 0.0 for all)
+    up = torch.cat([score[rows, None].double(), top_tokens[rows, :width].double(), top_logprobs[rows, :width].double(),
+                    logprobs[rows].gather(1, cand).double()], 1).tolist()
+    options = [list(zip(map(int, r[1:width + 1]), r[width + 1:2 * width + 1], strict=True))
+               + list(zip(nxt, r[2 * width + 1:], strict=False)) for r, nxt in zip(up, nexts, strict=True)]
+    scores = [r[0] for r in up]
+    picks, ended = select_beams(c, k, scores, seq.progress, options, eos, seq.max_new - seq.n_gen - 1)
+    lpen = seq.config.length_penalty
+    for beam, total in ended:
+        hyp = seq.tokens[beam]
+        _add_hyp(seq, Hypothesis(list(hyp), total / (len(hyp) + 1) ** lpen, "eos"))
+    seq.tokens = [seq.tokens[x.beam] + [x.token] for x in picks]
+    seq.scores = [x.score for x in picks]
+    seq.progress = [x.progress for x in picks]
+    return [(x.beam, x.token, x.score) for x in picks]
+
+
 def _add_hyp(seq: Sequence, hyp: Hypothesis) -> None:
     seq.hyps.append(hyp)
     seq.hyps.sort(key=lambda h: -h.score)
@@ -217,6 +290,8 @@ def _collect(seqs: list[Sequence], tokens: list[int], logprobs: list[float], eos
             r = seq.rows[0]
             tok, logprob = tokens[r], logprobs[r]
             seq.scores[0] += logprob
+            if seq.constraints is not None:
+                seq.progress[0] = seq.constraints.advance(seq.progress[0], tok)
             if tok == eos:
                 finished = [Hypothesis(seq.tokens[0], seq.scores[0], "eos")]
             else:
@@ -236,7 +311,13 @@ def _finish_beam(seq: Sequence) -> list[Hypothesis] | None:
     if seq.n_gen < seq.max_new:
         return None
     lpen = seq.config.length_penalty
-    for toks, score in zip(seq.tokens, seq.scores, strict=True):
+    c = seq.constraints
+    met = [c.satisfied(p) for p in seq.progress] if c is not None else [True] * seq.beam
+    if not any(met) and not seq.hyps:  # the length budget could not hold the constraints: better than nothing
+        met = [True] * seq.beam
+    for toks, score, ok in zip(seq.tokens, seq.scores, met, strict=True):
+        if not ok:
+            continue
         # scored as if closed by an end-of-sentence, like transformers' forced_eos_token_id (Marian)
         _add_hyp(seq, Hypothesis(toks, score / (len(toks) + 1) ** lpen, "length"))
     return seq.hyps[: seq.config.num_hypotheses]
@@ -280,17 +361,22 @@ def generate(
     config: GenerationConfig | Seq[GenerationConfig],
     max_rows: int = 64,
     batch: DecodeBatch | None = None,
+    constraints: Seq[Seq[Seq[int]] | None] | None = None,
 ) -> list[list[Hypothesis]]:
     """Translate token-id sources; returns the n-best hypotheses of each, best first.
 
     Sources join the batch as soon as rows are free (continuous batching), so this is also the offline
     engine. `config` is one setting for all sources, or one per source. Source i decodes under key (0, i).
     `batch`: an empty DecodeBatch to decode in (kept across calls, e.g. for its CUDA graphs) instead of a new one;
-    its cache must hold the longest source and output.
+    its cache must hold the longest source and output. `constraints`: per source, token sequences that must each
+    appear in its output (model.constraints), or None.
     """
     configs = [config] * len(sources) if isinstance(config, GenerationConfig) else list(config)
     if len(configs) != len(sources):
         raise ValueError("need one GenerationConfig per source")
+    terms = list(constraints) if constraints is not None else [None] * len(sources)
+    if len(terms) != len(sources):
+        raise ValueError("need one list of constraints (or None) per source")
     widest = max((c.beam_size for c in configs), default=1)
     rows = max(max_rows, widest)
     max_src = max((len(s) for s in sources), default=1)
@@ -304,7 +390,7 @@ def generate(
     while waiting or len(batch):
         count = admissible(((configs[i].beam_size, len(sources[i])) for i in waiting), batch.free_rows)
         admit = [waiting.popleft() for _ in range(count)]
-        batch.admit([((0, i), list(sources[i]), configs[i]) for i in admit])
+        batch.admit([((0, i), list(sources[i]), configs[i]) for i in admit], [terms[i] for i in admit])
         for event in step(batch):
             if isinstance(event, FinishEvent):
                 results[event.key] = event.hypotheses
