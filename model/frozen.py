@@ -108,6 +108,8 @@ class Projection:
         self.act = ACTIVATION_FUNCTIONS[activation] if activation else None
         self.post_op = ONEDNN_ACTIVATIONS[activation] if activation else ("none", "")
         self.int8: Any = None  # fbgemm's packed weight and bias
+        self.static: tuple[float, int] | None = None  # int8: the input's fixed scale and zero point (`set_range`)
+        self.observed: Tensor | None = None  # while calibrating: the smallest and largest input value seen so far
         self.half: Any = None  # fbgemm's packed float16 weight and bias
         self.onednn = False
         self.weight: Tensor | None = None
@@ -135,7 +137,20 @@ class Projection:
                 self.one_row = weight.t().contiguous()
             self.weight = torch.ops.mkldnn._reorder_linear_weight(weight, None) if self.onednn else weight
 
+    def set_range(self, lo: float, hi: float) -> None:
+        """int8: quantize inputs with a fixed scale covering [lo, hi] (measured on data by `model.calibrate`) instead
+        of a scale computed per call from the whole batch. A row's numbers are then its own, whatever shares its
+        batch; values outside the range saturate. The range is fbgemm's 7 bits (0..127, the `reduce_range` that
+        the dynamic product uses too), so that the int16 sums of AVX2's int8 products cannot overflow."""
+        if self.int8 is None:
+            raise ValueError("a fixed input range applies to int8 products only")
+        lo, hi = min(lo, 0.0), max(hi, 0.0)  # zero stays exact (padding, ReLU's zeros)
+        scale = max(hi - lo, 1e-8) / 127
+        self.static = (scale, min(127, max(0, round(-lo / scale))))
+
     def __call__(self, x: Tensor, residual: Tensor | None = None) -> Tensor:
+        if self.observed is not None:
+            self.observed = torch.minimum(self.observed, torch.stack([x.min(), -x.max()]))
         if self.one_row is not None and x.numel() == x.shape[-1]:
             flat = x.reshape(1, -1)
             y = torch.addmm(self.bias, flat, self.one_row) if self.bias is not None else flat @ self.one_row
@@ -152,6 +167,9 @@ class Projection:
             if self.half is not None:
                 flat = x.reshape(-1, x.shape[-1])
                 y = torch.ops.quantized.linear_dynamic_fp16(flat, self.half).view(*x.shape[:-1], -1)
+            elif self.static is not None:
+                scale, zero_point = self.static
+                y = torch.ops.quantized.linear_with_input_q_dq_qweight_dq_output_fp32(x, scale, zero_point, self.int8)
             elif self.int8 is not None:
                 y = torch.ops.quantized.linear_dynamic(x, self.int8, True)  # reduce_range, as the modules do
             else:
@@ -296,6 +314,14 @@ class FrozenTransformer:
     @property
     def device(self) -> torch.device:
         return self.tgt_table.device
+
+    def projections(self) -> dict[str, Projection]:
+        """Every product by a stable name ("encoder.0.qkv", "decoder.1.fc2", "cross_kv", "out")."""
+        named = {"cross_kv": self.cross_kv_proj, "out": self.out}
+        for stack, layers in (("encoder", self.encoder), ("decoder", self.decoder)):
+            for i, layer in enumerate(layers):
+                named.update({f"{stack}.{i}.{k}": v for k, v in vars(layer).items() if isinstance(v, Projection)})
+        return named
 
     def embed(self, table: Tensor, ids: Tensor, positions: Tensor) -> Tensor:
         return F.embedding(ids, table) * self.scale + positions
