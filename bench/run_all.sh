@@ -24,3 +24,5 @@ set -x
 "$PYTHON" bench/admission.py
 "$PYTHON" bench/one_row.py
 "$PYTHON" bench/int8_products.py
+"$PYTHON" bench/int8_ranges.py
+"$PYTHON" bench/compiled_step.py

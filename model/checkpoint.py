@@ -23,6 +23,7 @@ from typing import Any, TypeVar
 import torch
 from safetensors.torch import load_model, save_model
 from torch import nn
+from torch.ao.nn.quantized.dynamic import Linear as QuantizedLinear
 
 from model import calibrate
 from model.config import ModelConfig
@@ -32,6 +33,8 @@ from model.tokenizer import Tokenizer
 from model.transformer import Transformer
 
 M = TypeVar("M", bound=torch.nn.Module)
+# What a released int8 module keeps in place of its weight: one int8 zero (fbgemm packs no empty matrix)
+EMPTY_INT8_WEIGHT = torch.quantize_per_tensor(torch.zeros(1, 1), 1.0, 0, torch.qint8)
 DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
 # int8: float32 model whose linear layers are dynamically quantized (CPU). float16w: float32 model whose products
 # read float16 weights and compute in float32 (CPU, fbgemm): close to int8's speed for a few rows, float32's
@@ -135,15 +138,17 @@ def read_meta(directory: Path | str) -> ModelMeta:
 
 
 def release_linear_weights(model: Transformer) -> None:
-    """Drop the float linear layers' weights from the modules once `freeze` has built the network from them.
+    """Drop the linear layers' weights from the modules once `freeze` has built the network from them.
 
-    On the CPU in float32 the frozen network holds prepacked copies, so the modules' weights are a second copy of
-    most of the model (about 290 MB for an OPUS-MT model). Afterwards the modules can no longer run, be saved or be
-    frozen again: this is for a process that only decodes.
+    On the CPU the frozen network holds prepacked copies (float32: oneDNN's; int8: fbgemm's, stacked), so the
+    modules' weights are a second copy of most of the model (about 290 MB for an OPUS-MT model in float32).
+    Afterwards the modules can no longer run, be saved or be frozen again: this is for a process that only decodes.
     """
     for m in model.modules():
         if type(m) is nn.Linear:
             m.weight = nn.Parameter(m.weight.detach().new_empty(0), requires_grad=False)
+        elif isinstance(m, QuantizedLinear):  # int8: the frozen network packed its own copy of the int8 weights
+            m._packed_params.set_weight_bias(EMPTY_INT8_WEIGHT, None)
 
 
 def load(directory: Path | str, device: str = "auto", dtype: str = "float32",

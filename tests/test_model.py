@@ -10,6 +10,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 from torch import nn
+from torch.ao.nn.quantized.dynamic import Linear as QuantizedLinear
 
 from model import checkpoint
 from model.decode import DecodeBatch
@@ -448,6 +449,9 @@ def test_a_decoding_process_keeps_the_weights_once(tiny_model_dir: Path, dtype: 
         linears = [m for m in lean.model.modules() if type(m) is nn.Linear]
         assert linears and all(m.weight.numel() == 0 for m in linears)
         assert lean.parameters == full.parameters and lean.device == full.device
+    if dtype == "int8":
+        quantized = [m for m in lean.model.modules() if isinstance(m, QuantizedLinear)]
+        assert quantized and all(m.weight().numel() == 1 for m in quantized)
 
 
 def test_rows_without_scores_decode_the_same_tokens(loaded: checkpoint.LoadedModel, sources: list[list[int]]) -> None:
