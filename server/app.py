@@ -17,12 +17,13 @@ from starlette.concurrency import run_in_threadpool
 from server.detect import LazyDetector
 from server.documents.store import FileStore
 from server.errors import DisconnectGuard, install_handlers
+from server.glossaries import GlossaryStore
 from server.metrics import Metrics, MetricsMiddleware
 from server.ratelimit import RateLimiter
 from server.registry import Registry
-from server.routes import detect, documents, files, frontend, health, info, page, translate
+from server.routes import detect, documents, files, frontend, glossaries, health, info, page, translate
 from server.routes import settings as settings_routes
-from server.schemas import DetectRequest, SettingsUpdate, TranslateRequest
+from server.schemas import DetectRequest, GlossaryCreate, SettingsUpdate, TranslateRequest
 from server.settings import Settings
 
 log = logging.getLogger(__name__)
@@ -35,12 +36,15 @@ async def lifespan(app: FastAPI) -> AsyncIterator[None]:
     supervisor: asyncio.Task[None] | None = None
     store = FileStore(settings.file_ttl, settings.file_store_bytes, settings.file_dir)
     jobs: documents.DocumentJobs | None = None
+    glossary_store = GlossaryStore(settings.data_dir, settings.max_glossaries, settings.max_glossary_entries,
+                                   settings.max_glossary_term_chars)  # its file opens at the first glossary request
     try:
         await run_in_threadpool(registry.start)  # starting batchers blocks; the event loop stays free
         app.state.detector = LazyDetector(registry.sources())  # its model loads when it is first needed
         app.state.files = store
         app.state.documents = jobs = documents.DocumentJobs(store, settings.max_document_jobs, settings.file_ttl,
                                                             settings.retry_after)
+        app.state.glossaries = glossary_store
         app.state.registry = registry
         supervisor = asyncio.create_task(registry.supervise(app.state.settings.watchdog_interval))
         yield
@@ -52,6 +56,8 @@ async def lifespan(app: FastAPI) -> AsyncIterator[None]:
             supervisor.cancel()
         registry.stop()
         store.close()
+        app.state.glossaries = None
+        glossary_store.close()
         log.info("schedulers stopped")
 
 
@@ -81,14 +87,15 @@ def create_app(config: Settings | None = None) -> FastAPI:
     app.state.settings = config
     app.state.metrics = metrics = Metrics()
     app.state.registry = app.state.detector = app.state.files = app.state.documents = None
+    app.state.glossaries = None
     app.state.rate_limiter = RateLimiter(config.rate_limit, config.rate_limit_storage) if config.rate_limit else None
     install_handlers(app)
-    for module in (translate, files, documents, detect, info, settings_routes, frontend, health, page):
+    for module in (translate, files, documents, glossaries, detect, info, settings_routes, frontend, health, page):
         app.include_router(module.router)
     app.add_middleware(DisconnectGuard)
     app.add_middleware(MetricsMiddleware, metrics=metrics)
     if config.cors_origins:
         app.add_middleware(CORSMiddleware, allow_origins=config.cors_origins, allow_methods=["GET", "POST"],
                            allow_headers=["Authorization", "Content-Type"])
-    app.openapi = _openapi(app, (TranslateRequest, DetectRequest, SettingsUpdate))  # type: ignore[method-assign]
+    app.openapi = _openapi(app, (TranslateRequest, DetectRequest, SettingsUpdate, GlossaryCreate))  # type: ignore[method-assign]
     return app

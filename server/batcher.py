@@ -226,8 +226,9 @@ class Batcher:
         if not items:
             return False
         try:
-            batch.admit([((p.request, p.sentence), self._records[p.request].submit.sources[p.sentence],
-                          self._records[p.request].submit.configs[p.sentence]) for p in items])
+            sent = [(p, self._records[p.request].submit) for p in items]
+            batch.admit([((p.request, p.sentence), s.sources[p.sentence], s.configs[p.sentence]) for p, s in sent],
+                        [s.constraints[p.sentence] if s.constraints else None for p, s in sent])
         except Exception as exc:  # these sentences left the queue without reaching the batch
             if out_of_memory(exc):
                 self._admitting_out_of_memory(items)

@@ -17,6 +17,7 @@ from html import escape
 from model.events import FinishEvent, Hypothesis, TokenEvent
 from model.tokenizer import IncrementalDetokenizer, Tokenizer
 from server.errors import ShuttingDown
+from server.glossaries import Glossary
 from server.jobs import Job
 from server.placeholders import Masked, find, mask, unmask
 from server.text import Part, Sentence, fit, split_html, split_text
@@ -34,6 +35,13 @@ class Plan:
     sources: list[list[int]]  # token ids of every sentence, over all texts
     html: bool
     masks: dict[int, Masked] = field(default_factory=dict)  # the sentences that hold placeholders
+    constraints: dict[int, list[list[int]]] = field(default_factory=dict)  # a glossary's terms, by sentence
+
+    def sentence_constraints(self) -> list[list[list[int]]] | None:
+        """Each sentence's constraints for the scheduler, or None when no sentence has any."""
+        if not self.constraints:
+            return None
+        return [self.constraints.get(i, []) for i in range(len(self.sources))]
 
     def restore(self, sentence: int, translation: str) -> str:
         """A sentence's translation with its placeholders put back."""
@@ -46,11 +54,12 @@ class Plan:
 
 def make_plan(
     texts: list[str], tokenizer: Tokenizer, html: bool, max_source_tokens: int, placeholders: bool = True,
-    prefix: Sequence[int] = (),
+    prefix: Sequence[int] = (), glossary: Glossary | None = None,
 ) -> Plan:
     """Split texts into sentences that each fit the model, mask their placeholders, and tokenize them.
 
     `prefix`: ids that start every source (a multilingual model's target-language token), counted in its length.
+    `glossary`: its terms found in each sentence become the sentence's constraints (target token ids).
     """
     encoded: dict[str, list[int]] = {}
 
@@ -69,6 +78,10 @@ def make_plan(
         tp.sentences.append(len(plan.sources))
         if masked is not None:
             plan.masks[len(plan.sources)] = masked
+        if glossary is not None:
+            terms = glossary.constraints(sentence, tokenizer)
+            if terms:
+                plan.constraints[len(plan.sources)] = terms
         plan.sources.append(encode(sentence))
 
     for text in texts:

@@ -21,6 +21,7 @@ from model.checkpoint import ModelMeta, read_meta, resolve_device
 from model.generation import GenerationConfig
 from server import limits
 from server.errors import NotFound, NotReady, UnsupportedLanguage
+from server.glossaries import Glossary
 from server.languages import match, standard
 from server.messages import Target
 from server.metrics import Metrics
@@ -112,10 +113,12 @@ class ServedModel:
         }
 
     async def translate(self, texts: list[str], html: bool, options: dict[str, Any], alternatives: int,
-                        stream: bool, timeout: float | None = None, target: str | None = None) -> Translation:
+                        stream: bool, timeout: float | None = None, target: str | None = None,
+                        glossary: Glossary | None = None) -> Translation:
         """Plan the texts (in a worker thread: long documents), then queue all their sentences as one job.
 
         `target`: the served language to translate into; a multilingual model starts every source with its token.
+        `glossary`: its terms found in a sentence must appear in the sentence's translation.
         """
         config = limits.request_config(self.defaults, options, alternatives, self.scheduler.settings)
         tokenizer = self.meta.tokenizer
@@ -129,11 +132,11 @@ class ServedModel:
             if self.load is not None:
                 await self.load(self)
             plan = await run_in_threadpool(make_plan, texts, tokenizer, html, self.scheduler.max_source_tokens,
-                                           prefix=prefix)
+                                           prefix=prefix, glossary=glossary)
             job = None
             if plan.sources:
                 job = self.scheduler.submit(plan.sources, [config] * len(plan.sources), stream=stream,
-                                            timeout=timeout)
+                                            timeout=timeout, constraints=plan.sentence_constraints())
         finally:
             self.active -= 1
             self.last_used = time.monotonic()

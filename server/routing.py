@@ -18,6 +18,8 @@ from starlette.concurrency import run_in_threadpool
 
 from server.detect import MAX_CHARS, Detection, LazyDetector
 from server.errors import UnsupportedLanguage
+from server.glossaries import Glossary
+from server.languages import standard
 from server.pivot import PivotTranslation
 from server.plan import PieceEvent, TextDone, TextResult, Translation
 from server.registry import Registry, ServedModel
@@ -82,6 +84,22 @@ async def route(registry: Registry, detector: LazyDetector, source: str, target:
                    detected)
 
 
+def _language(tag: str) -> str:
+    return standard(tag).split("-")[0].lower()
+
+
+def check_glossary(r: Route, glossary: Glossary) -> None:
+    """A glossary is used by a model of its own language pair (regional variants aside), never through English."""
+    info = glossary.info
+    target = r.target or r.served.target
+    if r.via is not None:
+        raise UnsupportedLanguage(f"glossary {info.glossary_id} needs a model for {info.source_lang} -> "
+                                  f"{info.target_lang}; this pair goes through English")
+    if (_language(info.source_lang), _language(info.target_lang)) != (_language(r.served.source), _language(target)):
+        raise UnsupportedLanguage(f"glossary {info.glossary_id} is for {info.source_lang} -> {info.target_lang}, "
+                                  f"not {r.served.source} -> {target}")
+
+
 class RoutedTranslation:
     """The translations of a request's routes, answered in the request's order (whole, or as one stream)."""
 
@@ -93,8 +111,15 @@ class RoutedTranslation:
 
     @classmethod
     async def start(cls, routing: Routing, texts: list[str], html: bool, options: dict[str, Any],
-                    alternatives: int, stream: bool, timeout: float | None = None) -> RoutedTranslation:
-        """Queue each route's texts with its model; if one refuses (429, bad settings), the others are cancelled."""
+                    alternatives: int, stream: bool, timeout: float | None = None,
+                    glossary: Glossary | None = None) -> RoutedTranslation:
+        """Queue each route's texts with its model; if one refuses (429, bad settings), the others are cancelled.
+
+        `glossary`: its terms are forced into the translations; every route must be its language pair's own model.
+        """
+        if glossary is not None:
+            for r in routing.routes:
+                check_glossary(r, glossary)
         parts: list[tuple[list[int], Translating]] = []
         try:
             for r in routing.routes:
@@ -102,7 +127,7 @@ class RoutedTranslation:
                 translation: Translating
                 if r.via is None:
                     translation = await r.served.translate(mine, html, options, alternatives, stream, timeout,
-                                                           target=r.target)
+                                                           target=r.target, glossary=glossary)
                 else:
                     translation = await PivotTranslation.start(r.via, r.served, mine, html, options, alternatives,
                                                                stream, timeout, target=r.target)

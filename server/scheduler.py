@@ -121,16 +121,20 @@ class Scheduler:
         self._fail_all(ShuttingDown("the server is shutting down"))
 
     def submit(self, sources: list[list[int]], configs: list[GenerationConfig], stream: bool = False,
-               timeout: float | None = None) -> Job:
+               timeout: float | None = None, constraints: list[list[list[int]]] | None = None) -> Job:
         """Queue a request's sentences; raises NotReady, or Overloaded (429) when the queue is full.
 
-        The job fails with 504 after `timeout` seconds (default: the settings' request_timeout).
+        The job fails with 504 after `timeout` seconds (default: the settings' request_timeout). `constraints`: per
+        sentence, the target-token sequences its translation must contain (a glossary's terms); such a sentence is
+        never answered from, nor kept in, the translation cache.
         """
         if not self.running:
             raise NotReady(f"model {self.name} is not running")
         # Samples get their seed now, so that a sentence decoded again after an out-of-memory error comes out the same.
         configs = [c.update(seed=random.getrandbits(62)) if c.do_sample and c.seed is None else c for c in configs]
         keys = cache_keys(sources, configs)
+        if constraints is not None:
+            keys = [None if terms else key for key, terms in zip(keys, constraints, strict=True)]
         failures = self.cache.errors
         hits = self.cache.lookup(keys, stream, [c.scores for c in configs]) if self.cache.enabled else {}
         first: dict[CacheKey, int] = {}  # a sentence repeated within the request is decoded once
@@ -164,8 +168,9 @@ class Scheduler:
         if not sent:
             return job
         timeout = timeout if timeout is not None else self.settings.request_timeout
+        terms = [constraints[i] for i in sent] if constraints is not None and any(constraints) else None
         submit = Submit(job.request, [sources[i] for i in sent], [configs[i] for i in sent], stream,
-                        time.monotonic() + timeout, timeout)
+                        time.monotonic() + timeout, timeout, terms)
         if not self.transport.send(submit):
             self._forget(job.request)
             raise NotReady(f"model {self.name} is not running")

@@ -47,6 +47,8 @@ class TranslateRequest(BaseModel):
     format: Literal["text", "html"] = "text"
     alternatives: int = Field(default=0, ge=0, description="extra translations per text (beam search n-best)")
     api_key: str | None = None
+    glossary_id: str | None = Field(default=None, description="a glossary (POST /glossaries) whose terms the "
+                                    "translations must use; its languages must be the request's")
     options: GenerationOptions = Field(default_factory=GenerationOptions)
 
     @property
@@ -135,6 +137,35 @@ class FileTranslation(BaseModel):
 
     translatedFileUrl: str = Field(description="where the translated file can be downloaded until it expires")
     detectedLanguage: DetectedLanguage | None = None
+
+
+class GlossaryCreate(BaseModel):
+    """DeepL's request to make a glossary: its entries as one TSV or CSV text."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    name: str = Field(examples=["UI terms"])
+    source_lang: str = Field(examples=["en"])
+    target_lang: str = Field(examples=["pt"])
+    entries: str = Field(description="one entry per line: source term, then target term", examples=["folder\tpasta"])
+    entries_format: str = Field(default="tsv", description="tsv (tab-separated) or csv (two columns)")
+    api_key: str | None = None
+
+
+class GlossaryInfo(BaseModel):
+    """A glossary's metadata, in DeepL's shape."""
+
+    glossary_id: str
+    name: str
+    ready: bool
+    source_lang: str
+    target_lang: str
+    creation_time: str = Field(description="ISO 8601, UTC")
+    entry_count: int
+
+
+class GlossaryList(BaseModel):
+    glossaries: list[GlossaryInfo]
 
 
 class ErrorBody(BaseModel):

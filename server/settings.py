@@ -93,6 +93,13 @@ class Settings(BaseSettings):
     max_document_jobs: int = Field(default=8, ge=1, description="documents queued or translating at once through "
                                    "POST /documents (all clients together); beyond it 429")
 
+    # Glossaries (POST /glossaries, glossary_id)
+    data_dir: Path = Field(default=Path("data/server"), description="where the server keeps what must outlive a "
+                           "restart (glossaries, in SQLite); created when missing")
+    max_glossaries: int = Field(default=1000, ge=0, description="glossaries kept, all API keys together")
+    max_glossary_entries: int = Field(default=10_000, ge=1, description="entries in one glossary")
+    max_glossary_term_chars: int = Field(default=200, ge=1, description="characters in one glossary term (and name)")
+
     # HTTP
     cors_origins: Annotated[list[str], NoDecode] = Field(default_factory=list, description="empty = CORS off")
     api_keys: Annotated[list[SecretStr], NoDecode] = Field(
@@ -125,6 +132,6 @@ class Settings(BaseSettings):
                 "max_texts", "max_body_bytes", "max_new_tokens", "max_beam_size", "max_alternatives", "files",
                 "max_file_bytes", "max_file_chars", "max_file_expanded_bytes", "max_file_entries", "file_ttl",
                 "file_timeout",
-                "max_document_jobs",
+                "max_document_jobs", "max_glossaries", "max_glossary_entries", "max_glossary_term_chars",
             }
         ) | {"api_key_required": bool(self.api_keys), "rate_limit": self.rate_limit}

@@ -18,6 +18,7 @@ from server.errors import ClientClosed, TolkError, error_body
 from server.metrics import Metrics
 from server.plan import PieceEvent, TextResult
 from server.registry import Registry
+from server.routes.glossaries import glossary_for
 from server.routing import RoutedTranslation, route
 from server.schemas import (
     RETRY_AFTER,
@@ -88,10 +89,16 @@ async def start(request: Request, req: TranslateRequest, registry: Registry, det
     texts = req.texts
     check_texts(texts, settings.max_texts, settings.max_text_chars)
     html = req.format == "html"
-    routing = await route(registry, detector, req.source, req.target, texts, html)
+    glossary = None
+    source = req.source
+    if req.glossary_id is not None:
+        glossary = await glossary_for(request, settings, req.glossary_id, req.api_key)
+        if source == "auto":  # as DeepL, a glossary names the source language
+            source = glossary.info.source_lang
+    routing = await route(registry, detector, source, req.target, texts, html)
     # Token log-probs are read only by a stream (each token's logprob) and by return_scores; greedy rows skip them.
     options = {**req.options.generation(), "scores": stream or req.options.return_scores}
-    return await RoutedTranslation.start(routing, texts, html, options, req.alternatives, stream)
+    return await RoutedTranslation.start(routing, texts, html, options, req.alternatives, stream, glossary=glossary)
 
 
 async def _disconnected(request: Request) -> None:
