@@ -1,4 +1,5 @@
-"""`tolk pull REPO`: download a Hugging Face Marian (OPUS-MT) checkpoint and import it, in one step.
+"""`tolk pull ID`: download a Hugging Face Marian (OPUS-MT) checkpoint, or an Argos package (`argos:FROM-TO`,
+`model.argos`), and import it, in one step.
 
 huggingface_hub does the downloading: its cache makes a pull resumable and a second pull free, and it honours
 HF_ENDPOINT, HF_TOKEN and HF_HUB_OFFLINE. Only the files an import reads are fetched. The model directory is
@@ -63,15 +64,21 @@ def pull(repo_id: str, out: Path | None = None, weights_dir: Path = Path("weight
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("repo", help="a Hugging Face Marian repository, e.g. Helsinki-NLP/opus-mt-en-de")
+    p.add_argument("repo", metavar="ID", help="a Hugging Face Marian repository (e.g. Helsinki-NLP/opus-mt-en-de), or "
+                                           "argos:FROM-TO for an Argos (LibreTranslate) package (e.g. argos:en-de)")
     p.add_argument("--to", type=Path, default=None, help="the model directory (default: weights/<name>)")
-    p.add_argument("--revision", default=None, help="a branch, tag or commit (default: main)")
+    p.add_argument("--revision", default=None, help="a branch, tag or commit (default: main; Hub repositories)")
     p.add_argument("--force", action="store_true", help="import again over an existing directory")
 
 
 def main(args: argparse.Namespace) -> int:
     try:
-        out = pull(args.repo, args.to, revision=args.revision, force=args.force)
+        if args.repo.startswith("argos:"):
+            from model.argos import pull_argos
+
+            out = pull_argos(args.repo.removeprefix("argos:"), args.to, force=args.force)
+        else:
+            out = pull(args.repo, args.to, revision=args.revision, force=args.force)
     except (ValueError, OSError) as e:
         print(f"tolk pull: error: {e}", file=sys.stderr)
         return 1

@@ -1,6 +1,6 @@
 """The `tolk` console script: serve, translate, and the recipe commands that live in model/.
 
-The recipe commands (data build, train, eval, import-marian, export-marian) come from modules others own; each
+The recipe commands (data build, train, eval, import, export-marian, pull) come from modules others own; each
 exposes `add_arguments(parser)` and `main(args) -> int`. They are imported while the parser is built, and a module
 that cannot be imported only disables its own command, so `tolk serve` works whatever else is missing.
 """
@@ -27,12 +27,14 @@ RECIPES: list[tuple[tuple[str, ...], str, str, str, str]] = [
     (("data", "build"), "model.data.build", "add_arguments", "main", "build the training corpus"),
     (("train",), "model.train", "add_arguments", "main", "train a model"),
     (("eval",), "model.evaluate", "add_arguments", "main", "score a model on a test set"),
-    (("import-marian",), "model.marian", "add_import_arguments", "import_main",
-     "import a Hugging Face Marian / OPUS-MT checkpoint (HF_DIR OUT_DIR)"),
+    (("import",), "model.argos", "add_import_arguments", "import_main",
+     "import a Marian / OPUS-MT checkpoint, CTranslate2 model or Argos package (SRC OUT_DIR)"),
+    (("import-marian",), "model.argos", "add_import_arguments", "import_main", "alias of tolk import"),
     (("export-marian",), "model.marian", "add_export_arguments", "export_main",
      "export a model directory as a Hugging Face Marian checkpoint (MODEL_DIR HF_DIR)"),
     (("pull",), "model.pull", "add_arguments", "main",
-     "download a Hugging Face Marian / OPUS-MT checkpoint and import it (REPO, e.g. Helsinki-NLP/opus-mt-en-de)"),
+     "download and import a Hugging Face Marian / OPUS-MT checkpoint (e.g. Helsinki-NLP/opus-mt-en-de) or an Argos "
+     "package (argos:FROM-TO)"),
 ]
 
 

@@ -1,0 +1,197 @@
+"""Argos packages with no network: a package built in the test from a tiny model through CTranslate2's own
+serializer and zipped as Argos does, a local index (file://) and a small HTTP server started here. A pull equals
+the import of the same files, the import translates as CTranslate2 does, and each bad input is a clear error that
+leaves nothing behind."""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import json
+import threading
+import zipfile
+from collections.abc import Iterator
+from http.server import SimpleHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from model import checkpoint
+from model.argos import import_any, pull_argos
+from server.cli import main as tolk
+from tests.test_ct2_import import to_ct2, translations, with_config
+from tests.tiny import corpus_lines
+
+FOLDER = "translate-en_pt-1_1"
+
+
+def zip_package(folder: Path, archive: Path, extra: dict[str, bytes] | None = None, skip: str = "") -> Path:
+    """An .argosmodel: the package folder zipped under its own name, as Argos packages are."""
+    with zipfile.ZipFile(archive, "w", zipfile.ZIP_DEFLATED) as z:
+        for path in sorted(folder.rglob("*")):
+            if path.is_file() and path.name != skip:
+                z.write(path, f"{FOLDER}/{path.relative_to(folder)}")
+        for name, data in (extra or {}).items():
+            z.writestr(name, data)
+    return archive
+
+
+@pytest.fixture(scope="module")
+def package_dir(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """An unpacked Argos package: OpenNMT-py-like (no source end-of-sentence), CTranslate2 files under model/."""
+    work = tmp_path_factory.mktemp("argos")
+    model_dir = with_config(tiny_model_dir, work / "tolk", add_source_eos=False)
+    folder = work / FOLDER
+    ct2 = to_ct2(model_dir, folder / "model")
+    (ct2 / "sentencepiece.model").rename(folder / "sentencepiece.model")
+    meta = {"package_version": "1.1", "argos_version": "1.0", "from_code": "en", "from_name": "English",
+            "to_code": "pt", "to_name": "Portuguese", "type": "translate"}
+    (folder / "metadata.json").write_text(json.dumps(meta))
+    (folder / "README.md").write_text("A tiny test package.\n")
+    return folder
+
+
+@pytest.fixture(scope="module")
+def package(package_dir: Path) -> Path:
+    return zip_package(package_dir, package_dir.parent / "translate-en_pt-1_1.argosmodel")
+
+
+class Server:
+    """Serves a folder over HTTP and counts the files it sends."""
+
+    def __init__(self, root: Path) -> None:
+        self.gets: list[str] = []
+        server = self
+
+        class Handler(SimpleHTTPRequestHandler):
+            def log_message(self, *args: Any) -> None:
+                pass
+
+            def do_GET(self) -> None:  # noqa: N802 (http.server's naming)
+                server.gets.append(self.path)
+                super().do_GET()
+
+        self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), functools.partial(Handler, directory=str(root)))
+        self.url = f"http://127.0.0.1:{self.httpd.server_address[1]}"
+        threading.Thread(target=self.httpd.serve_forever, daemon=True).start()
+
+
+@pytest.fixture
+def served(package: Path, tmp_path: Path) -> Iterator[tuple[Server, Path]]:
+    """The package on an HTTP server, and a local index (a file://) naming it beside an older version."""
+    (tmp_path / "files").mkdir()
+    (tmp_path / "files" / package.name).write_bytes(package.read_bytes())
+    server = Server(tmp_path / "files")
+    entry = {"package_version": "1.1", "from_code": "en", "to_code": "pt", "type": "translate",
+             "links": [f"{server.url}/{package.name}"],
+             "sha256": hashlib.sha256(package.read_bytes()).hexdigest()}
+    old = {**entry, "package_version": "1.0", "links": [f"{server.url}/missing.argosmodel"]}
+    index = tmp_path / "index.json"
+    index.write_text(json.dumps([old, entry, {**entry, "to_code": "es"}]))
+    yield server, index
+    server.httpd.shutdown()
+
+
+def same_weights(a: Path, b: Path) -> bool:
+    """The same tensors (safetensors may name a shared table by either of its names)."""
+    x, y = checkpoint.load(a, device="cpu").model.state_dict(), checkpoint.load(b, device="cpu").model.state_dict()
+    return x.keys() == y.keys() and all(x[k].equal(y[k]) for k in x)
+
+
+def leftovers(directory: Path) -> list[str]:
+    return sorted(p.name for p in directory.iterdir()) if directory.exists() else []
+
+
+def test_pull_equals_importing_the_same_files(served: tuple[Server, Path], package: Path, tmp_path: Path) -> None:
+    server, index = served
+    out = pull_argos("en-pt", weights_dir=tmp_path / "weights", index_url=index.as_uri())
+    assert out == tmp_path / "weights" / "argos-en-pt"
+    assert leftovers(tmp_path / "weights") == ["argos-en-pt"]  # no download or staging left beside it
+    reference = import_any(package, tmp_path / "reference" / "argos-en-pt")
+    for name in ("config.json", "source.spm", "target.spm", "info.json"):
+        assert (out / name).read_bytes() == (reference / name).read_bytes(), name
+    assert same_weights(out, reference)
+    meta = checkpoint.read_meta(out)
+    assert (meta.info.source_language, meta.info.target_language) == ("en", "pt")
+    assert not meta.cfg.add_source_eos
+    assert server.gets == [f"/{package.name}"]
+    pull_argos("en-pt", weights_dir=tmp_path / "weights", index_url=index.as_uri())  # there already: nothing to do
+    assert server.gets == [f"/{package.name}"]
+
+
+def test_an_imported_package_translates_as_ctranslate2(package: Path, package_dir: Path, tmp_path: Path) -> None:
+    out = import_any(package, tmp_path / "argos-en-pt")
+    ours, theirs = translations(out, package_dir / "model", 1, corpus_lines(20, seed=3))
+    assert ours == theirs
+
+
+def test_the_commands(served: tuple[Server, Path], package: Path, package_dir: Path, tmp_path: Path,
+                      monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    _, index = served
+    monkeypatch.setenv("TOLK_ARGOS_INDEX", index.as_uri())
+    assert tolk(["pull", "argos:en-pt", "--to", str(tmp_path / "pulled")]) == 0
+    assert tolk(["import", str(package), str(tmp_path / "from-zip")]) == 0
+    assert tolk(["import", str(package_dir), str(tmp_path / "from-folder")]) == 0
+    assert tolk(["import", str(package_dir / "model"), str(tmp_path / "from-ct2"), "--source-language", "en"]) == 1
+    assert "SentencePiece" in capsys.readouterr().err  # a bare CTranslate2 folder without its SentencePiece model
+    assert tolk(["import-marian", str(package), str(tmp_path / "from-zip")]) == 1  # not empty: refused
+    assert "not empty" in capsys.readouterr().err
+    for name in ("from-zip", "from-folder"):
+        assert same_weights(tmp_path / name, tmp_path / "pulled")
+
+
+def broken_zips(package_dir: Path, package: Path, tmp_path: Path) -> dict[str, tuple[Path, str]]:
+    data = package.read_bytes()
+    corrupt = bytearray(data)
+    corrupt[len(data) // 2 : len(data) // 2 + 64] = bytes(64)
+    (tmp_path / "corrupt.argosmodel").write_bytes(bytes(corrupt))
+    (tmp_path / "truncated.argosmodel").write_bytes(data[: len(data) // 2])
+    return {
+        "corrupt": (tmp_path / "corrupt.argosmodel", "corrupt"),
+        "truncated": (tmp_path / "truncated.argosmodel", "not a zip archive"),
+        "escaping": (zip_package(package_dir, tmp_path / "escaping.argosmodel", {f"{FOLDER}/../../evil": b"x"}),
+                     "escapes its folder"),
+        "no spm": (zip_package(package_dir, tmp_path / "nospm.argosmodel", skip="sentencepiece.model"),
+                   "sentencepiece.model is missing"),
+    }
+
+
+@pytest.mark.parametrize("case", ["corrupt", "truncated", "escaping", "no spm"])
+def test_bad_packages_are_refused_leaving_nothing(package_dir: Path, package: Path, tmp_path: Path,
+                                                  case: str) -> None:
+    archive, message = broken_zips(package_dir, package, tmp_path)[case]
+    weights = tmp_path / "weights"
+    with pytest.raises((ValueError, OSError), match=message):
+        import_any(archive, weights / "argos-en-pt")
+    assert leftovers(weights) == []
+    assert not (tmp_path / "evil").exists()
+
+
+def test_bad_downloads_are_refused_leaving_nothing(served: tuple[Server, Path], package_dir: Path, package: Path,
+                                                   tmp_path: Path) -> None:
+    server, index = served
+    weights = tmp_path / "weights"
+    entries = json.loads(index.read_text())
+    entries[1]["sha256"] = "0" * 64
+    index.write_text(json.dumps(entries))
+    with pytest.raises(ValueError, match="checksum mismatch"):
+        pull_argos("en-pt", weights_dir=weights, index_url=index.as_uri())
+    assert leftovers(weights) == []
+    corrupt, _ = broken_zips(package_dir, package, tmp_path)["corrupt"]
+    (tmp_path / "files" / package.name).write_bytes(corrupt.read_bytes())
+    del entries[1]["sha256"]  # no checksum in the index: the zip's own CRCs catch it
+    index.write_text(json.dumps(entries))
+    with pytest.raises(ValueError, match="corrupt"):
+        pull_argos("en-pt", weights_dir=weights, index_url=index.as_uri())
+    assert leftovers(weights) == []
+    with pytest.raises(ValueError, match="no network"):
+        pull_argos("en-pt", weights_dir=weights, index_url="http://127.0.0.1:9/index.json")
+    with pytest.raises(ValueError, match="no package from en to xx"):
+        pull_argos("en-xx", weights_dir=weights, index_url=index.as_uri())
+    server.httpd.shutdown()
+    server.httpd.server_close()
+    index.write_text(json.dumps([{**entries[1], "links": [f"{server.url}/{package.name}"]}]))
+    with pytest.raises(ValueError, match="no network"):
+        pull_argos("en-pt", weights_dir=weights, index_url=index.as_uri())
+    assert leftovers(weights) == []
