@@ -6,7 +6,8 @@ sentence-splitting data Tolk does not need. The package index (index.json, a lis
 is the one argostranslate reads; TOLK_ARGOS_INDEX names another (file:// and http:// work).
 
 Everything is written beside its destination and renamed into place: a failed import or pull leaves nothing
-half-written there. A zip is checked before anything is extracted (CRCs, and no entry may leave its folder).
+half-written there. Downloads go to the user's cache (XDG_CACHE_HOME/tolk/argos), where an interrupted one resumes.
+A zip is checked before anything is extracted (CRCs, and no entry may leave its folder).
 """
 
 from __future__ import annotations
@@ -208,8 +209,9 @@ def pull_argos(pair: str, out: Path | None = None, weights_dir: Path = Path("wei
     if (out / "config.json").is_file() and not force:
         return out
     package = newest(read_index(index_url or os.environ.get("TOLK_ARGOS_INDEX") or DEFAULT_INDEX), source, target)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    part = out.parent / f".{out.name}-{package.get('package_version', '0')}.argosmodel.part"
+    cache = downloads_dir()
+    cache.mkdir(parents=True, exist_ok=True)
+    part = cache / f"{source}-{target}-{package.get('package_version', '0')}.argosmodel.part"
     download([str(link) for link in package["links"]], part)
     check_sum(package, part)
     try:
@@ -219,6 +221,12 @@ def pull_argos(pair: str, out: Path | None = None, weights_dir: Path = Path("wei
         raise
     part.unlink()
     return out
+
+
+def downloads_dir() -> Path:
+    """Where a package downloads (a partial one stays there for the next pull to resume): never under weights/."""
+    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    return Path(base) / "tolk" / "argos"
 
 
 def add_import_arguments(p: argparse.ArgumentParser) -> None:

@@ -62,6 +62,7 @@ class Server:
 
     def __init__(self, root: Path) -> None:
         self.gets: list[str] = []
+        self.ranges: list[int] = []
         server = self
 
         class Handler(SimpleHTTPRequestHandler):
@@ -70,7 +71,15 @@ class Server:
 
             def do_GET(self) -> None:  # noqa: N802 (http.server's naming)
                 server.gets.append(self.path)
-                super().do_GET()
+                start = self.headers.get("Range", "").removeprefix("bytes=").removesuffix("-")
+                if not start:
+                    return super().do_GET()
+                data = (root / self.path.lstrip("/")).read_bytes()[int(start):]  # a resumed download
+                server.ranges.append(int(start))
+                self.send_response(206)
+                self.send_header("Content-Length", str(len(data)))
+                self.end_headers()
+                self.wfile.write(data)
 
         self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), functools.partial(Handler, directory=str(root)))
         self.url = f"http://127.0.0.1:{self.httpd.server_address[1]}"
@@ -78,8 +87,9 @@ class Server:
 
 
 @pytest.fixture
-def served(package: Path, tmp_path: Path) -> Iterator[tuple[Server, Path]]:
+def served(package: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[tuple[Server, Path]]:
     """The package on an HTTP server, and a local index (a file://) naming it beside an older version."""
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
     (tmp_path / "files").mkdir()
     (tmp_path / "files" / package.name).write_bytes(package.read_bytes())
     server = Server(tmp_path / "files")
@@ -118,6 +128,17 @@ def test_pull_equals_importing_the_same_files(served: tuple[Server, Path], packa
     assert server.gets == [f"/{package.name}"]
     pull_argos("en-pt", weights_dir=tmp_path / "weights", index_url=index.as_uri())  # there already: nothing to do
     assert server.gets == [f"/{package.name}"]
+
+
+def test_an_interrupted_download_resumes(served: tuple[Server, Path], package: Path, tmp_path: Path) -> None:
+    server, index = served
+    cache = tmp_path / "cache" / "tolk" / "argos"
+    cache.mkdir(parents=True)
+    half = len(package.read_bytes()) // 2
+    (cache / "en-pt-1.1.argosmodel.part").write_bytes(package.read_bytes()[:half])
+    out = pull_argos("en-pt", weights_dir=tmp_path / "weights", index_url=index.as_uri())
+    assert server.ranges == [half] and leftovers(cache) == []
+    assert same_weights(out, import_any(package, tmp_path / "reference"))
 
 
 def test_an_imported_package_translates_as_ctranslate2(package: Path, package_dir: Path, tmp_path: Path) -> None:
