@@ -16,7 +16,10 @@ import time
 from collections.abc import Callable, Iterator
 from functools import partial
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from server.settings import Settings
 
 log = logging.getLogger("tolk")
 
@@ -59,6 +62,9 @@ def _serve_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--port", type=int, default=8000)
     parser.add_argument("--model", action="append", type=Path, metavar="DIR",
                         help="model directory (repeatable); default: every directory under weights/ or TOLK_MODELS")
+    parser.add_argument("--pull", metavar="PAIRS",
+                        help="comma-separated language pairs (en-de: an Argos package) or pull IDs (argos:en-de, "
+                             "Helsinki-NLP/opus-mt-en-de) downloaded into weights/ before serving, unless there")
     parser.add_argument("--device", help="auto | cpu | cuda | cuda:N (default: TOLK_DEVICE or auto)")
     parser.add_argument("--dtype", choices=["auto", "float32", "float16", "bfloat16", "int8", "float16w"])
     parser.add_argument("--threads", type=int, help="torch threads per model")
@@ -84,6 +90,14 @@ def serve(args: argparse.Namespace) -> int:
         overrides["batching"] = False
     settings = Settings(**overrides)
     try:
+        if args.pull:
+            pulled = pull_missing(args.pull, settings)
+            if settings.models:  # served alongside the named ones
+                settings = Settings(**{**overrides, "models": [*settings.models, *pulled]})
+    except (ValueError, OSError) as exc:
+        print(f"tolk serve: --pull: {exc}", file=sys.stderr)
+        return 1
+    try:
         model_dirs(settings)
     except NoModels as exc:
         print(f"tolk serve: {exc}", file=sys.stderr)
@@ -94,6 +108,30 @@ def serve(args: argparse.Namespace) -> int:
     uvicorn.run(create_app(settings), host=args.host, port=args.port, log_level=args.log_level,
                 timeout_graceful_shutdown=max(1, round(drain)))
     return 0
+
+
+def pull_missing(items: str, settings: Settings) -> list[Path]:
+    """`--pull`: each pair no model directory under weights_dir translates yet, pulled (a bare pair as an Argos
+    package, as LibreTranslate's --load-only names them); IDs as `tolk pull` takes them. The directories pulled."""
+    from model.argos import pull_argos
+    from model.checkpoint import ModelInfo
+    from model.pull import pull
+    from server.languages import match
+
+    infos = [ModelInfo.load(p) for p in sorted(settings.weights_dir.glob("*/info.json"))]
+    have = {(i.source_language, i.target_language) for i in infos}
+    pulled: list[Path] = []
+    for item in filter(None, (i.strip() for i in items.split(","))):
+        if item.startswith("argos:"):
+            pulled.append(pull_argos(item.removeprefix("argos:"), weights_dir=settings.weights_dir))
+        elif "/" in item:
+            pulled.append(pull(item, weights_dir=settings.weights_dir))
+        else:
+            source, _, target = item.partition("-")
+            if not any(match(source, [s]) and match(target, [t]) for s, t in have):  # as requests find models
+                log.info("pulling argos:%s", item)
+                pulled.append(pull_argos(item, weights_dir=settings.weights_dir))
+    return pulled
 
 
 def _translate_arguments(parser: argparse.ArgumentParser) -> None:

@@ -216,3 +216,21 @@ def test_bad_downloads_are_refused_leaving_nothing(served: tuple[Server, Path], 
     with pytest.raises(ValueError, match="no network"):
         pull_argos("en-pt", weights_dir=weights, index_url=index.as_uri())
     assert leftovers(weights) == []
+
+
+def test_serve_pulls_the_missing_pairs_first(served: tuple[Server, Path], package: Path, tmp_path: Path,
+                                             monkeypatch: pytest.MonkeyPatch,
+                                             capsys: pytest.CaptureFixture[str]) -> None:
+    import uvicorn
+
+    server, index = served
+    started: list[Any] = []
+    monkeypatch.setattr(uvicorn, "run", lambda app, **kwargs: started.append(app))
+    monkeypatch.setenv("TOLK_ARGOS_INDEX", index.as_uri())
+    monkeypatch.setenv("TOLK_WEIGHTS_DIR", str(tmp_path / "weights"))
+    assert tolk(["serve", "--pull", "en-pt"]) == 0
+    assert len(started) == 1 and (tmp_path / "weights" / "argos-en-pt" / "config.json").is_file()
+    assert tolk(["serve", "--pull", "en-pt, en-pb"]) == 0  # served already (pb is pt-BR, as close as pt)
+    assert len(server.gets) == 1 and len(started) == 2
+    assert tolk(["serve", "--pull", "en-pt,en-xx"]) == 1 and len(started) == 2
+    assert "no package from en to xx" in capsys.readouterr().err
