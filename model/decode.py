@@ -18,7 +18,7 @@ import torch
 from torch import Tensor
 
 from model import logits as lp
-from model.constraints import Constraints, Progress
+from model.constraints import Constraints, Progress, Term
 from model.events import Hypothesis, SentenceKey
 from model.frozen import FrozenTransformer
 from model.generation import GenerationConfig
@@ -114,10 +114,11 @@ class DecodeBatch:
 
     @torch.inference_mode()
     def admit(self, items: list[tuple[SentenceKey, list[int], GenerationConfig]],
-              constraints: Seq[Seq[Seq[int]] | None] | None = None) -> None:
+              constraints: Seq[Seq[Term] | None] | None = None) -> None:
         """Start decoding (key, source ids, settings) items; raises ValueError if they do not fit.
 
-        `constraints`: per item, the token sequences that must appear in its output (model.constraints), or None.
+        `constraints`: per item, what must appear in its output (model.constraints: each constraint a list of
+        alternative token sequences), or None.
         """
         terms = self._constraints(constraints, len(items))
         need = sum(c.beam_size for _, _, c in items)
@@ -158,7 +159,7 @@ class DecodeBatch:
         self.state.fill(start, longs, floats)
         self.n = row
 
-    def _constraints(self, constraints: Seq[Seq[Seq[int]] | None] | None, n: int) -> list[Constraints | None]:
+    def _constraints(self, constraints: Seq[Seq[Term] | None] | None, n: int) -> list[Constraints | None]:
         """Each item's constraints, checked against the vocabulary before anything is encoded."""
         if constraints is None:
             return [None] * n
@@ -170,7 +171,7 @@ class DecodeBatch:
                 out.append(None)
                 continue
             c = Constraints(terms)
-            if any(t >= self.cfg.tgt_vocab_size or t == self.cfg.eos_id for term in c.terms for t in term):
+            if any(t >= self.cfg.tgt_vocab_size or t == self.cfg.eos_id for t in c.tokens()):
                 raise ValueError("constraint tokens must be target-vocabulary ids other than end-of-sentence")
             out.append(c)
         return out

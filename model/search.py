@@ -16,7 +16,7 @@ import torch
 from torch import Tensor
 
 from model import logits as lp
-from model.constraints import select_beams
+from model.constraints import Term, select_beams
 from model.decode import DecodeBatch, Sequence
 from model.events import Event, FinishEvent, Hypothesis, SentenceKey, TokenEvent
 from model.frozen import FrozenTransformer
@@ -88,7 +88,7 @@ def step(batch: DecodeBatch) -> list[Event]:
         idx = torch.tensor(sampled, device=logits.device)
         tokens[idx] = lp.sample(logprobs[idx], st.seed[idx], st.n_gen[idx])
     constrained = [s for s in seqs if s.constraints is not None and s.beam == 1
-                   and not s.constraints.satisfied(s.progress[0])]
+                   and s.constraints.pending(s.progress[0])]
     if constrained:
         _force_constraints(batch, constrained, logits, tokens)
     if beams and logprobs is not None:  # (beam rows always have log-probs)
@@ -210,7 +210,8 @@ def _force_constraints(batch: DecodeBatch, seqs: list[Sequence], logits: Tensor,
     transfer; the tokens that change go down in one. Rows without constraints are not touched.
     """
     device = logits.device
-    nexts = [s.constraints.next_tokens(s.progress[0]) for s in seqs if s.constraints is not None]
+    eos = batch.cfg.eos_id
+    nexts = [s.constraints.next_tokens(s.progress[0]) or [eos] for s in seqs if s.constraints is not None]
     width = max(len(t) for t in nexts)
     rows = torch.tensor([s.rows[0] for s in seqs], device=device)
     cand = torch.tensor([t + [t[0]] * (width - len(t)) for t in nexts], device=device)  # (m, width)
@@ -223,7 +224,8 @@ def _force_constraints(batch: DecodeBatch, seqs: list[Sequence], logits: Tensor,
         if c is None:
             continue
         scored = dict(zip(nxt, starts, strict=False))
-        chosen = c.choose(seq.progress[0], int(token), best, scored, seq.max_new - seq.n_gen, batch.cfg.eos_id)
+        budget = c.limit(seq.src_len, seq.max_new) - seq.n_gen
+        chosen, seq.progress[0] = c.choose(seq.progress[0], int(token), best, scored, budget, eos)
         if chosen != int(token):
             changed.append((seq.rows[0], chosen))
     if changed:
@@ -252,7 +254,8 @@ def _advance_constrained(seq: Sequence, score: Tensor, logprobs: Tensor, top_log
     options = [list(zip(map(int, r[1:width + 1]), r[width + 1:2 * width + 1], strict=True))
                + list(zip(nxt, r[2 * width + 1:], strict=False)) for r, nxt in zip(up, nexts, strict=True)]
     scores = [r[0] for r in up]
-    picks, ended = select_beams(c, k, scores, seq.progress, options, eos, seq.max_new - seq.n_gen - 1)
+    budget = c.limit(seq.src_len, seq.max_new) - seq.n_gen - 1
+    picks, ended = select_beams(c, k, scores, seq.progress, options, eos, budget)
     lpen = seq.config.length_penalty
     for beam, total in ended:
         hyp = seq.tokens[beam]
@@ -270,9 +273,14 @@ def _add_hyp(seq: Sequence, hyp: Hypothesis) -> None:
 
 
 def _beam_done(seq: Sequence) -> bool:
+    best: float = max(seq.scores) / seq.n_gen ** seq.config.length_penalty  # transformers' early_stopping=False
+    c = seq.constraints
+    if c is not None and seq.hyps and not all(c.satisfied(p) for p in seq.progress):
+        # Beams that still owe constraints may never end: waiting for k hypotheses ran sentences to their length
+        # limit. Stop when no beam still going scores above the best one.
+        return seq.hyps[0].score >= best
     if len(seq.hyps) < seq.beam:
         return False
-    best: float = max(seq.scores) / seq.n_gen ** seq.config.length_penalty  # transformers' early_stopping=False
     return seq.hyps[-1].score >= best
 
 
@@ -361,15 +369,15 @@ def generate(
     config: GenerationConfig | Seq[GenerationConfig],
     max_rows: int = 64,
     batch: DecodeBatch | None = None,
-    constraints: Seq[Seq[Seq[int]] | None] | None = None,
+    constraints: Seq[Seq[Term] | None] | None = None,
 ) -> list[list[Hypothesis]]:
     """Translate token-id sources; returns the n-best hypotheses of each, best first.
 
     Sources join the batch as soon as rows are free (continuous batching), so this is also the offline
     engine. `config` is one setting for all sources, or one per source. Source i decodes under key (0, i).
     `batch`: an empty DecodeBatch to decode in (kept across calls, e.g. for its CUDA graphs) instead of a new one;
-    its cache must hold the longest source and output. `constraints`: per source, token sequences that must each
-    appear in its output (model.constraints), or None.
+    its cache must hold the longest source and output. `constraints`: per source, the constraints its output must
+    meet (each a list of alternative token sequences, model.constraints), or None.
     """
     configs = [config] * len(sources) if isinstance(config, GenerationConfig) else list(config)
     if len(configs) != len(sources):

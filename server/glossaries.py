@@ -139,9 +139,15 @@ class Glossary:
                 i += 1
         return found
 
-    def constraints(self, sentence: str, tokenizer: Tokenizer) -> list[list[int]]:
-        """The target-token sequences a sentence's translation must contain."""
-        out = [ids for ids in (target_ids(tokenizer, t) for t in self.match(sentence)) if ids]
+    def constraints(self, sentence: str, tokenizer: Tokenizer) -> list[list[list[int]]]:
+        """What a sentence's translation must contain: per term found, its target form as target tokens, or the same
+        with a capital first letter (where the term begins the translation's sentence)."""
+        out = []
+        for term in self.match(sentence):
+            forms = [term] + ([term[0].upper() + term[1:]] if term[0].islower() else [])
+            alternatives = [ids for ids in (target_ids(tokenizer, f) for f in forms) if ids]
+            if alternatives:
+                out.append(alternatives)
         return out
 
 

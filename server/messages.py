@@ -39,8 +39,9 @@ class Submit:
     stream: bool
     deadline: float  # time.monotonic() after which the request fails with a 504 (one clock: same host)
     timeout: float  # the seconds that deadline allowed, for the error's message
-    # per sentence, the target-token sequences its output must contain (a glossary's terms); None: none at all
-    constraints: list[list[list[int]]] | None = None
+    # per sentence, what its output must contain (a glossary's terms): each term a list of alternative target-token
+    # sequences (model.constraints); None: no sentence has any
+    constraints: list[list[list[list[int]]]] | None = None
 
 
 @dataclass(frozen=True)

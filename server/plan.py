@@ -35,9 +35,10 @@ class Plan:
     sources: list[list[int]]  # token ids of every sentence, over all texts
     html: bool
     masks: dict[int, Masked] = field(default_factory=dict)  # the sentences that hold placeholders
-    constraints: dict[int, list[list[int]]] = field(default_factory=dict)  # a glossary's terms, by sentence
+    # by sentence, a glossary's terms found there: each a list of alternative target-token sequences
+    constraints: dict[int, list[list[list[int]]]] = field(default_factory=dict)
 
-    def sentence_constraints(self) -> list[list[list[int]]] | None:
+    def sentence_constraints(self) -> list[list[list[list[int]]]] | None:
         """Each sentence's constraints for the scheduler, or None when no sentence has any."""
         if not self.constraints:
             return None

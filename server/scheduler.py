@@ -121,11 +121,12 @@ class Scheduler:
         self._fail_all(ShuttingDown("the server is shutting down"))
 
     def submit(self, sources: list[list[int]], configs: list[GenerationConfig], stream: bool = False,
-               timeout: float | None = None, constraints: list[list[list[int]]] | None = None) -> Job:
+               timeout: float | None = None, constraints: list[list[list[list[int]]]] | None = None) -> Job:
         """Queue a request's sentences; raises NotReady, or Overloaded (429) when the queue is full.
 
         The job fails with 504 after `timeout` seconds (default: the settings' request_timeout). `constraints`: per
-        sentence, the target-token sequences its translation must contain (a glossary's terms); such a sentence is
+        sentence, the terms its translation must contain (each a list of alternative target-token sequences, as
+        model.constraints takes them); such a sentence is
         never answered from, nor kept in, the translation cache.
         """
         if not self.running:

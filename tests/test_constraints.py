@@ -34,6 +34,11 @@ def contains(tokens: list[int], term: list[int]) -> bool:
     return any(tokens[i:i + len(term)] == term for i in range(len(tokens) - len(term) + 1))
 
 
+def single(terms: list[list[int]]) -> list[list[list[int]]]:
+    """Constraints of one alternative each."""
+    return [[t] for t in terms]
+
+
 CONFIGS = [
     GenerationConfig(max_new_tokens=24),
     GenerationConfig(beam_size=4, num_hypotheses=2, max_new_tokens=24),
@@ -45,7 +50,8 @@ CONFIGS = [
 def test_every_constraint_appears_in_every_output(loaded: checkpoint.LoadedModel, sources: list[list[int]],
                                                    terms: list[list[int]], config: GenerationConfig) -> None:
     wanted = [terms[: 1 + i % len(terms)] for i in range(len(sources))]
-    for hyps, mine in zip(generate(loaded.net, sources, config, constraints=wanted), wanted, strict=True):
+    found = generate(loaded.net, sources, config, constraints=[single(w) for w in wanted])
+    for hyps, mine in zip(found, wanted, strict=True):
         for h in hyps:
             assert all(contains(h.tokens, t) for t in mine), (h.tokens, mine)
 
@@ -55,7 +61,7 @@ def test_constraints_fit_a_tight_length_budget(loaded: checkpoint.LoadedModel, s
                                                terms: list[list[int]], config: GenerationConfig) -> None:
     owed = sum(len(t) for t in terms)
     tight = config.update(max_new_tokens=owed + 1)
-    for hyps in generate(loaded.net, sources, tight, constraints=[terms] * len(sources)):
+    for hyps in generate(loaded.net, sources, tight, constraints=[single(terms)] * len(sources)):
         assert all(contains(hyps[0].tokens, t) for t in terms)
         assert len(hyps[0].tokens) <= owed + 1
 
@@ -64,7 +70,7 @@ def test_constraints_fit_a_tight_length_budget(loaded: checkpoint.LoadedModel, s
 def test_rows_without_constraints_decode_as_alone_beside_constrained_rows(
     loaded: checkpoint.LoadedModel, sources: list[list[int]], terms: list[list[int]], config: GenerationConfig
 ) -> None:
-    wanted = [terms if i % 2 else None for i in range(len(sources))]
+    wanted = [single(terms) if i % 2 else None for i in range(len(sources))]
     together = generate(loaded.net, sources, config, constraints=wanted)
     alone = generate(loaded.net, sources, config)
     for i in range(0, len(sources), 2):
@@ -77,7 +83,7 @@ def test_a_constraint_the_model_already_writes_changes_nothing(
     loaded: checkpoint.LoadedModel, sources: list[list[int]], config: GenerationConfig
 ) -> None:
     free = generate(loaded.net, sources, config)
-    own = [[h[0].tokens[:2]] for h in free]  # the start of each output, as a constraint
+    own = [[[h[0].tokens[:2]]] for h in free]  # the start of each output, as a constraint
     forced = generate(loaded.net, sources, config, constraints=own)
     assert [h[0].tokens for h in forced] == [h[0].tokens for h in free]
 
@@ -87,7 +93,7 @@ def test_greedy_constrained_rows_stream_the_tokens_they_finish_with(
 ) -> None:
     batch = DecodeBatch(loaded.net, rows=8, max_src=32, max_tgt=24)
     config = GenerationConfig(max_new_tokens=24)
-    batch.admit([((0, i), s, config) for i, s in enumerate(sources)], [terms] * len(sources))
+    batch.admit([((0, i), s, config) for i, s in enumerate(sources)], [single(terms)] * len(sources))
     streamed: dict[int, list[int]] = {i: [] for i in range(len(sources))}
     final: dict[int, list[int]] = {}
     while len(batch):
@@ -104,7 +110,7 @@ def test_bad_constraints_are_refused_before_anything_is_encoded(loaded: checkpoi
                                                                 sources: list[list[int]]) -> None:
     batch = DecodeBatch(loaded.net, rows=4, max_src=32, max_tgt=8)
     config = GenerationConfig(max_new_tokens=8)
-    for bad in ([[]], [[loaded.net.cfg.eos_id]], [[loaded.net.cfg.tgt_vocab_size]], [[-1]]):
+    for bad in ([[]], [[[]]], [[[loaded.net.cfg.eos_id]]], [[[loaded.net.cfg.tgt_vocab_size]]], [[[-1]]]):
         with pytest.raises(ValueError, match="constraint"):
             batch.admit([((0, 0), sources[0], config)], [bad])
     with pytest.raises(ValueError, match="per item"):
@@ -113,7 +119,7 @@ def test_bad_constraints_are_refused_before_anything_is_encoded(loaded: checkpoi
 
 
 def test_progress_through_constraints() -> None:
-    c = Constraints([[5, 6, 7], [9]])
+    c = Constraints([[[5, 6, 7]], [[9]]])
     p = c.start()
     assert c.owed(p) == 4 and c.next_tokens(p) == [5, 9]
     p = c.advance(p, 5)
@@ -125,27 +131,43 @@ def test_progress_through_constraints() -> None:
     assert c.satisfied(p) and c.owed(p) == 0
 
 
+def test_any_alternative_meets_a_constraint() -> None:
+    c = Constraints([[[5, 6], [8, 6], [5, 6, 4]]])
+    assert c.owed(c.start()) == 2 and c.next_tokens(c.start()) == [5, 8]
+    assert c.satisfied(c.advance(c.advance(c.start(), 8), 6))
+    started = c.advance(c.start(), 5)
+    assert c.satisfied(c.advance(started, 6))  # the shorter of two alternatives that begin alike
+    assert not c.satisfied(c.advance(started, 4))
+
+
 def test_greedy_choice_continues_starts_and_forces() -> None:
-    c = Constraints([[5, 6], [9]])
+    c = Constraints([[[5, 6]], [[9]]])
     p = c.start()
     eos = 2
-    assert c.choose(p, 4, 0.0, {5: -10.0, 9: -20.0}, budget=10, eos=eos) == 4  # far from the model's choice
-    assert c.choose(p, 4, 0.0, {5: -10.0, 9: -1.0}, budget=10, eos=eos) == 9  # close to it
-    assert c.choose(p, 9, 0.0, {5: -10.0, 9: 0.0}, budget=10, eos=eos) == 9  # the model's own choice
-    assert c.choose(p, eos, 0.0, {5: -10.0, 9: -20.0}, budget=10, eos=eos) == 5  # wants to end: the best liked
-    assert c.choose(p, 4, 0.0, {5: -10.0, 9: -20.0}, budget=3, eos=eos) == 5  # only just fits
-    assert c.choose(c.advance(p, 5), 4, 0.0, {6: -30.0}, budget=10, eos=eos) == 6  # started: continued
+
+    def choose(q: object, token: int, starts: dict[int, float], budget: int = 10) -> int:
+        assert isinstance(q, type(p))
+        return c.choose(q, token, 0.0, starts, budget, eos)[0]
+
+    assert choose(p, 4, {5: -10.0, 9: -20.0}) == 4  # far from the model's choice
+    assert choose(p, 4, {5: -10.0, 9: -1.0}) == 9  # close to it
+    assert choose(p, 9, {5: -10.0, 9: 0.0}) == 9  # the model's own choice
+    assert choose(p, 4, {5: -10.0, 9: -20.0}, budget=3) == 5  # only just fits
+    assert choose(c.advance(p, 5), 4, {6: -30.0}) == 6  # started: continued
+    token, q = c.choose(p, eos, 0.0, {5: -10.0, 9: -20.0}, 10, eos)
+    assert token == 5 and q.ending  # the model wanted to end: the constraint it likes best, then the end
+    q = c.advance(c.advance(c.advance(q, 5), 6), 9)
+    assert c.satisfied(q) and c.pending(q) and c.choose(q, 4, 0.0, {}, 10, eos)[0] == eos
 
 
 def test_beam_selection_never_ends_unmet_and_keeps_the_most_advanced() -> None:
-    c = Constraints([[7]])
+    c = Constraints([[[7]]])
     eos = 2
     start = c.start()
     options = [[(eos, -0.1), (3, -1.0), (4, -1.2), (7, -5.0)], [(3, -0.5), (4, -0.6), (7, -6.0)]]
     picks, ended = select_beams(c, 2, [0.0, -0.2], [start, start], options, eos, budget=10)
     assert ended == []  # the end-of-sentence is not taken with the constraint unmet
-    # the best, and in place of the second best the best that wrote the term
-    assert [(x.beam, x.token) for x in picks] == [(1, 3), (0, 7)]
+    assert {(x.beam, x.token) for x in picks} == {(1, 3), (0, 7)}  # the best, and the best that wrote the term
     met = c.advance(start, 7)
     picks, ended = select_beams(c, 2, [0.0, -0.2], [met, start], options, eos, budget=0)
     assert ended == [(0, -0.1)]

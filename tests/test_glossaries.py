@@ -9,9 +9,10 @@ from typing import Any
 import pytest
 from fastapi.testclient import TestClient
 
+from model import checkpoint
 from server.app import create_app
 from server.errors import InvalidRequest
-from server.glossaries import Glossary, GlossaryInfo, GlossaryLimit, parse_entries
+from server.glossaries import Glossary, GlossaryInfo, GlossaryLimit, parse_entries, target_ids
 from tests.test_server_api import parse_sse, server_settings
 
 ENTRIES = "file\tarquivo\nsettings window\tjanela de configurações\nsave\tsalvar\n"
@@ -36,6 +37,11 @@ def create(client: TestClient, entries: str = ENTRIES, **fields: Any) -> Any:
     return client.post("/glossaries", json=body)
 
 
+def has(text: str, term: str) -> bool:
+    """The term as the glossary gives it, or with a capital first letter (it may begin the sentence)."""
+    return term in text or term[0].upper() + term[1:] in text
+
+
 def translate(client: TestClient, q: str | list[str], **fields: Any) -> Any:
     r = client.post("/translate", json={"q": q, "source": "en", "target": "pt", **fields})
     assert r.status_code == 200, r.text
@@ -50,6 +56,15 @@ def test_matching_takes_the_longest_whole_words_case_aside() -> None:
     assert g.match("Profile files on drive") == ["Drive"]  # not inside "Profile", not "files"
     assert g.match("Learn C++ today") == ["C++"]
     assert g.match("file file") == ["arquivo"]  # each target once
+
+
+def test_a_lowercase_term_may_begin_a_sentence_with_a_capital(tiny_loaded: checkpoint.LoadedModel) -> None:
+    tok = tiny_loaded.tokenizer
+    info = GlossaryInfo("g", "UI", "en", "pt", "2026-01-01T00:00:00.000Z", 2)
+    g = Glossary(info, [("file", "arquivo"), ("drive", "Drive")])
+    assert g.constraints("Open the file on the drive.", tok) == [
+        [target_ids(tok, "arquivo"), target_ids(tok, "Arquivo")], [target_ids(tok, "Drive")]]
+    assert tok.eos_id not in target_ids(tok, "arquivo") and tok.decode(target_ids(tok, "arquivo")) == "arquivo"
 
 
 def test_entries_are_checked_with_clear_messages() -> None:
@@ -114,8 +129,8 @@ def test_terms_appear_in_translations_and_other_sentences_are_untouched(client: 
         plain = translate(client, texts)
         for options in ({}, {"beam_size": 4}):
             out = translate(client, texts, glossary_id=gid, options=options)
-            assert "arquivo" in out[0]
-            assert "janela de configurações" in out[1] and "salvar" in out[1]
+            assert has(out[0], "arquivo")
+            assert has(out[1], "janela de configurações") and has(out[1], "salvar")
             assert out[2] == translate(client, texts[2], options=options)  # no term: as without a glossary
             assert out[2] == plain[2] or options
         auto = client.post("/translate", json={"q": texts[0], "source": "auto", "target": "pt", "glossary_id": gid})
@@ -163,6 +178,6 @@ def test_each_api_key_sees_its_own_glossaries(tiny_model_dir: Path, tmp_path: Pa
         r = c.post("/translate", headers=beta, json={"q": "Open the file.", "target": "pt", "glossary_id": gid})
         assert r.status_code == 404
         r = c.post("/translate", json={"q": "Open the file.", "target": "pt", "glossary_id": gid, "api_key": "alpha"})
-        assert r.status_code == 200 and "arquivo" in r.json()["translatedText"]
+        assert r.status_code == 200 and has(r.json()["translatedText"], "arquivo")
         assert c.delete(f"/glossaries/{gid}", headers=beta).status_code == 404
         assert c.delete(f"/glossaries/{gid}", headers=alpha).status_code == 204
