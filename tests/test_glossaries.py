@@ -181,3 +181,22 @@ def test_each_api_key_sees_its_own_glossaries(tiny_model_dir: Path, tmp_path: Pa
         assert r.status_code == 200 and has(r.json()["translatedText"], "arquivo")
         assert c.delete(f"/glossaries/{gid}", headers=beta).status_code == 404
         assert c.delete(f"/glossaries/{gid}", headers=alpha).status_code == 204
+
+
+def test_files_are_translated_with_a_glossary(client: TestClient) -> None:
+    gid = create(client).json()["glossary_id"]
+    try:
+        text = "Open the file.\n\nClick here to continue.\n"
+        fields = {"source": "en", "target": "pt"}
+        answers = []
+        for extra in ({}, {"glossary_id": gid}):
+            r = client.post("/translate_file", files={"file": ("ui.txt", text.encode())}, data={**fields, **extra})
+            assert r.status_code == 200, r.text
+            answers.append(client.get(r.json()["translatedFileUrl"]).text.split("\n\n"))
+        plain, forced = answers
+        assert has(forced[0], "arquivo") and forced[1] == plain[1]
+        r = client.post("/translate_file", files={"file": ("ui.txt", text.encode())},
+                        data={**fields, "glossary_id": "nope"})
+        assert r.status_code == 404
+    finally:
+        client.delete(f"/glossaries/{gid}")

@@ -44,7 +44,14 @@ from server.errors import (
     TolkError,
 )
 from server.plan import TextDone
-from server.routes.files import PreparedFile, prepare_file, read_upload, start_translation, store_translation
+from server.routes.files import (
+    PreparedFile,
+    prepare_file,
+    read_upload,
+    start_translation,
+    store_translation,
+    upload_glossary,
+)
 from server.routing import RoutedTranslation
 from server.schemas import error_responses
 
@@ -264,7 +271,8 @@ async def upload_document(request: Request, registry: RegistryDep, detector: Det
     admit_client(request, settings, upload.api_key)
     upload.source = _language(upload.fields, "source_lang", "source") or "auto"
     upload.target = _language(upload.fields, "target_lang", "target")
-    prepared = await prepare_file(upload, registry, detector, settings)
+    glossary = await upload_glossary(request, settings, upload)
+    prepared = await prepare_file(upload, registry, detector, settings, glossary)
     job = jobs.submit(prepared, owner)
     return DocumentHandle(document_id=job.id, document_key=job.key)
 

@@ -30,9 +30,11 @@ from server.detect import MAX_CHARS, Detection, LazyDetector
 from server.documents import Document, Format, Limits, find_format
 from server.documents.store import FileStore
 from server.errors import EmptyText, Forbidden, InvalidRequest, NotFound, PayloadTooLarge
+from server.glossaries import Glossary
 from server.registry import Registry
+from server.routes.glossaries import glossary_for
 from server.routes.translate import unless_disconnected
-from server.routing import RoutedTranslation, Routing, route, visible_text
+from server.routing import RoutedTranslation, Routing, check_glossary, route, visible_text
 from server.schemas import DetectedLanguage, FileTranslation, error_responses
 from server.settings import Settings
 
@@ -50,6 +52,8 @@ REQUEST_BODY = {
             "target": {"type": "string", "description": "language code; may be omitted when one model serves the "
                        "source"},
             "api_key": {"type": "string"},
+            "glossary_id": {"type": "string", "description": "a glossary (POST /glossaries) whose terms the "
+                            "translation must use; its languages must be the request's"},
         },
     }}},
     "required": True,
@@ -144,6 +148,7 @@ class PreparedFile:
     routing: Routing
     detected: Detection | None  # when the source was auto
     timeout: float  # seconds its translation may take (the settings' file_timeout)
+    glossary: Glossary | None = None  # whose terms the translation must use
 
     @property
     def name(self) -> str:
@@ -152,8 +157,14 @@ class PreparedFile:
         return download_name(self.upload.filename, first.target or first.served.target, self.ext)
 
 
+async def upload_glossary(request: Request, settings: Settings, upload: Upload) -> Glossary | None:
+    """The glossary the form's `glossary_id` names (404 if it is not the caller's), or None."""
+    glossary_id = upload.fields.get("glossary_id")
+    return await glossary_for(request, settings, glossary_id, upload.api_key) if glossary_id else None
+
+
 async def prepare_file(upload: Upload, registry: Registry, detector: LazyDetector,
-                       settings: Settings) -> PreparedFile:
+                       settings: Settings, glossary: Glossary | None = None) -> PreparedFile:
     """Read the file into texts (in a worker thread) and find its model; every refusal of a file happens here."""
     fmt, ext = find_format(upload.filename)
     limits = Limits(settings.max_file_expanded_bytes, settings.max_file_entries)
@@ -161,18 +172,23 @@ async def prepare_file(upload: Upload, registry: Registry, detector: LazyDetecto
                                                       registry.target_language(upload.target))
     detected = None
     source = upload.source
+    if source == "auto" and glossary is not None:  # as DeepL, a glossary names the source language
+        source = glossary.info.source_lang
     if source == "auto":
         detected = await detect_source(registry, detector, upload.target, sample)
         source = detected.language
     routing = await route(registry, detector, source, upload.target, document.texts, html=True)
-    return PreparedFile(upload, fmt, ext, document, chars, routing, detected, settings.file_timeout)
+    if glossary is not None:
+        for r in routing.routes:
+            check_glossary(r, glossary)  # refused here, before a background translation starts
+    return PreparedFile(upload, fmt, ext, document, chars, routing, detected, settings.file_timeout, glossary)
 
 
 async def start_translation(prepared: PreparedFile) -> RoutedTranslation:
     """Queue the document's texts as one request of /translate's HTML path (429 when the queue is full); nobody
     reads a document's scores, and it may take `file_timeout` rather than a request's timeout."""
     return await RoutedTranslation.start(prepared.routing, prepared.document.texts, True, {"scores": False}, 0,
-                                         stream=False, timeout=prepared.timeout)
+                                         stream=False, timeout=prepared.timeout, glossary=prepared.glossary)
 
 
 async def store_translation(prepared: PreparedFile, files: FileStore, texts: list[str]) -> str:
@@ -191,7 +207,8 @@ async def translate_file(request: Request, registry: RegistryDep, detector: Dete
         raise Forbidden("Files translation are disabled on this server.")
     upload = await read_upload(request, settings)
     admit_client(request, settings, upload.api_key)
-    prepared = await prepare_file(upload, registry, detector, settings)
+    glossary = await upload_glossary(request, settings, upload)
+    prepared = await prepare_file(upload, registry, detector, settings, glossary)
     translation = await start_translation(prepared)
     try:
         results = await unless_disconnected(request, translation.results())
