@@ -21,7 +21,7 @@ from model.generation import GenerationConfig
 from model.layers import sinusoidal_table
 from model.marian_format import UnsupportedCheckpoint
 from model.search import generate
-from tests.tiny import corpus_lines
+from tests.tiny import corpus_lines, tiny_config, tiny_model
 
 ctranslate2 = pytest.importorskip("ctranslate2")
 INFO = checkpoint.ModelInfo("ct2-en-pt", "en", "pt")
@@ -117,6 +117,28 @@ def test_imported_model_translates_as_ctranslate2(tiny_model_dir: Path, tmp_path
         assert imported.model.state_dict()[key].equal(value), key
     ours, theirs = translations(out, ct2_dir, beam, lines)
     assert ours == theirs
+
+
+def test_pre_norm_model_scores_as_ctranslate2(tiny_model_dir: Path, tmp_path: Path, lines: list[str]) -> None:
+    """A pre-norm model (OpenNMT-py's and so Argos's layout) imported from CTranslate2 gives every target token the
+    log-probability CTranslate2's score_batch gives it, teacher-forced on the same files."""
+    meta = checkpoint.read_meta(tiny_model_dir)
+    model = tiny_model(tiny_config(vocab_size=meta.cfg.src_vocab_size, norm="pre", activation="relu"))
+    checkpoint.save(tmp_path / "pre", model, INFO, tiny_model_dir / "source.spm", tiny_model_dir / "target.spm")
+    ct2_dir = to_ct2(tmp_path / "pre", tmp_path / "ct2")
+    imported = checkpoint.load(import_ct2(ct2_dir, tmp_path / "tolk", INFO), device="cpu")
+    assert imported.model.cfg.norm == "pre"
+    tok, cfg = imported.tokenizer, imported.model.cfg
+    translator = ctranslate2.Translator(str(ct2_dir), device="cpu", compute_type="float32")
+    targets = [tok.source.encode(line)[:12] for line in lines[:10]]
+    scores = translator.score_batch([tok.source.encode(line, out_type=str) for line in lines[:10]],
+                                    [tok.pieces(t) for t in targets])
+    for line, target, theirs in zip(lines, targets, scores, strict=False):
+        with torch.no_grad():
+            logits = imported.model(torch.tensor([tok.encode(line)]), torch.tensor([[cfg.decoder_start_id, *target]]))
+        lp = torch.log_softmax(logits[0], -1)
+        ours = [lp[i, t].item() for i, t in enumerate([*target, cfg.eos_id])]
+        assert ours == pytest.approx(theirs.log_probs, abs=1e-4)
 
 
 def test_source_without_eos_as_ctranslate2(tiny_model_dir: Path, tmp_path: Path, lines: list[str]) -> None:
