@@ -146,8 +146,10 @@ def _beam_step(batch: DecodeBatch, beams: list[Sequence], logprobs: Tensor, toke
     new_tokens: list[int] = []
     new_scores: list[float] = []
     plain = [s for s in beams if s.constraints is None]
-    for seq in (s for s in beams if s.constraints is not None):
-        picks = _advance_constrained(seq, st.score, logprobs, top_logprobs, top_tokens, batch.cfg.eos_id)
+    constrained = [s for s in beams if s.constraints is not None]
+    chosen = _advance_constrained(constrained, st.score, logprobs, top_logprobs, top_tokens, batch.cfg.eos_id) \
+        if constrained else []
+    for seq, picks in zip(constrained, chosen, strict=True):
         for b, (beam, token, score) in enumerate(picks):
             src_rows.append(seq.rows[beam])
             dst_rows.append(seq.rows[b])
@@ -233,37 +235,43 @@ def _force_constraints(batch: DecodeBatch, seqs: list[Sequence], logits: Tensor,
         tokens[down[:, 0]] = down[:, 1]
 
 
-def _advance_constrained(seq: Sequence, score: Tensor, logprobs: Tensor, top_logprobs: Tensor, top_tokens: Tensor,
-                         eos: int) -> list[
-    tuple[int, int, float]
-]:
-    """One beam-search step of a sentence with constraints (model.constraints.select_beams); the same picks as
-    `_advance_beams` returns, and the sentence's hypotheses, beams and progress brought up to date."""
-    c = seq.constraints
-    if c is None:
-        raise RuntimeError("a sentence without constraints took the constrained beam path")
-    k = seq.beam
-    width = min(2 * k, top_tokens.shape[1])
-    nexts = [c.next_tokens(p) or [eos] for p in seq.progress]
+def _advance_constrained(seqs: list[Sequence], score: Tensor, logprobs: Tensor, top_logprobs: Tensor,
+                         top_tokens: Tensor, eos: int) -> list[list[tuple[int, int, float]]]:
+    """One beam-search step of the sentences with constraints (model.constraints.select_beams): per sentence the same
+    picks as `_advance_beams` returns, its hypotheses, beams and progress brought up to date.
+
+    Their rows' running scores, best tokens and the log-probs of the tokens that advance their constraints come up
+    in one transfer. The running scores are the device's: at the first step only beam 0 is alive there.
+    """
+    width = min(2 * max(s.beam for s in seqs), top_tokens.shape[1])
+    nexts = [s.constraints.next_tokens(p) or [eos] for s in seqs if s.constraints is not None for p in s.progress]
     extra = max(len(t) for t in nexts)
-    rows = torch.tensor(seq.rows, device=logprobs.device)
-    cand = torch.tensor([t + [t[0]] * (extra - len(t)) for t in nexts], device=logprobs.device)  # (k, extra)
-    # the running scores are the device's: at the first step only beam 0 is alive there (the host says 0.0 for all)
+    rows = torch.tensor([r for s in seqs for r in s.rows], device=logprobs.device)
+    cand = torch.tensor([t + [t[0]] * (extra - len(t)) for t in nexts], device=logprobs.device)  # (rows, extra)
     up = torch.cat([score[rows, None].double(), top_tokens[rows, :width].double(), top_logprobs[rows, :width].double(),
-                    logprobs[rows].gather(1, cand).double()], 1).tolist()
-    options = [list(zip(map(int, r[1:width + 1]), r[width + 1:2 * width + 1], strict=True))
-               + list(zip(nxt, r[2 * width + 1:], strict=False)) for r, nxt in zip(up, nexts, strict=True)]
-    scores = [r[0] for r in up]
-    budget = c.limit(seq.src_len, seq.max_new) - seq.n_gen - 1
-    picks, ended = select_beams(c, k, scores, seq.progress, options, eos, budget)
-    lpen = seq.config.length_penalty
-    for beam, total in ended:
-        hyp = seq.tokens[beam]
-        _add_hyp(seq, Hypothesis(list(hyp), total / (len(hyp) + 1) ** lpen, "eos"))
-    seq.tokens = [seq.tokens[x.beam] + [x.token] for x in picks]
-    seq.scores = [x.score for x in picks]
-    seq.progress = [x.progress for x in picks]
-    return [(x.beam, x.token, x.score) for x in picks]
+                    logprobs[rows[:, None], cand].double()], 1).tolist()
+    out = []
+    at = 0
+    for seq in seqs:
+        c, k = seq.constraints, seq.beam
+        if c is None:
+            raise RuntimeError("a sentence without constraints took the constrained beam path")
+        w = min(2 * k, width)
+        mine, nxt = up[at:at + k], nexts[at:at + k]
+        at += k
+        options = [list(zip(map(int, r[1:w + 1]), r[width + 1:width + w + 1], strict=True))
+                   + list(zip(n, r[2 * width + 1:], strict=False)) for r, n in zip(mine, nxt, strict=True)]
+        budget = c.limit(seq.src_len, seq.max_new) - seq.n_gen - 1
+        picks, ended = select_beams(c, k, [r[0] for r in mine], seq.progress, options, eos, budget)
+        lpen = seq.config.length_penalty
+        for beam, total in ended:
+            hyp = seq.tokens[beam]
+            _add_hyp(seq, Hypothesis(list(hyp), total / (len(hyp) + 1) ** lpen, "eos"))
+        seq.tokens = [seq.tokens[x.beam] + [x.token] for x in picks]
+        seq.scores = [x.score for x in picks]
+        seq.progress = [x.progress for x in picks]
+        out.append([(x.beam, x.token, x.score) for x in picks])
+    return out
 
 
 def _add_hyp(seq: Sequence, hyp: Hypothesis) -> None:
