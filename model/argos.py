@@ -7,7 +7,8 @@ is the one argostranslate reads; TOLK_ARGOS_INDEX names another (file:// and htt
 
 Everything is written beside its destination and renamed into place: a failed import or pull leaves nothing
 half-written there. Downloads go to the user's cache (XDG_CACHE_HOME/tolk/argos), where an interrupted one resumes.
-A zip is checked before anything is extracted (CRCs, and no entry may leave its folder).
+A zip is checked before anything is extracted (no entry may leave its folder, nor unpack past MAX_UNPACKED; CRCs as
+each entry is read), and only what Tolk reads is extracted.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ import tempfile
 import urllib.error
 import urllib.request
 import zipfile
+import zlib
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -34,6 +36,7 @@ from model.marian_format import UnsupportedCheckpoint, read_json
 DEFAULT_INDEX = "https://raw.githubusercontent.com/argosopentech/argospm-index/main/index.json"
 CODES = {"pb": "pt-BR", "zt": "zh-Hant"}  # Argos's own codes, as standard tags
 CHUNK = 1 << 20
+MAX_UNPACKED = 16 << 30  # bytes a package may unpack to: a zip bomb is refused before it fills the disk
 
 
 def write_aside(out: Path, build: Callable[[Path], Path | None], force: bool = False) -> Path:
@@ -51,7 +54,7 @@ def write_aside(out: Path, build: Callable[[Path], Path | None], force: bool = F
 
 
 def unpack(archive: Path, dest: Path) -> Path:
-    """Extract an .argosmodel zip into dest (checked first); the package's folder (the one with metadata.json)."""
+    """Extract what Tolk reads of an .argosmodel zip into dest, checked first: the package's folder."""
     if not zipfile.is_zipfile(archive):
         raise UnsupportedCheckpoint(f"{archive} is not a zip archive (truncated or not an Argos package)")
     try:
@@ -63,13 +66,22 @@ def unpack(archive: Path, dest: Path) -> Path:
                     raise UnsupportedCheckpoint(f"{archive}: the entry {entry.filename!r} escapes its folder")
                 if (entry.external_attr >> 16) & 0o170000 == 0o120000:
                     raise UnsupportedCheckpoint(f"{archive}: the entry {entry.filename!r} is a symbolic link")
-            bad = z.testzip()
-            if bad is not None:
-                raise UnsupportedCheckpoint(f"{archive} is corrupt: {bad} fails its CRC check")
-            z.extractall(dest)
-    except (zipfile.BadZipFile, EOFError) as e:
+            wanted = [e for e in z.infolist() if not e.is_dir() and needed(e.filename)]
+            if sum(e.file_size for e in wanted) > MAX_UNPACKED:
+                raise UnsupportedCheckpoint(f"{archive} unpacks to more than {MAX_UNPACKED >> 30} GiB")
+            for entry in wanted:  # CRCs checked as each entry is read
+                z.extract(entry, dest)
+    except (zipfile.BadZipFile, EOFError, zlib.error) as e:
         raise UnsupportedCheckpoint(f"{archive} is corrupt ({e})") from e
     return package_root(dest)
+
+
+def needed(name: str) -> bool:
+    """The entries of a package Tolk reads (not its sentence splitters' data)."""
+    parts = name.split("/")
+    inner = parts[1:] if len(parts) > 1 else parts
+    return inner[:1] == ["model"] or inner in (["metadata.json"], ["sentencepiece.model"], ["bpe.model"],
+                                              ["README.md"])
 
 
 def package_root(directory: Path) -> Path:

@@ -139,3 +139,15 @@ def test_the_command_reports_a_missing_repository(hub: FakeHub, tmp_path: Path,
     assert not target.exists()
     assert tolk(["pull", REPO, "--to", str(tmp_path / "weights" / "en-pt")]) == 0
     assert (tmp_path / "weights" / "en-pt" / "model.safetensors").is_file()
+
+
+def test_tolk_import_recognises_a_marian_checkpoint(hub_dir: Path, tmp_path: Path) -> None:
+    """`tolk import` (and its alias import-marian) of a Marian directory writes what import_marian writes."""
+    reference = marian.import_marian(hub_dir, tmp_path / "reference")
+    for command in ("import", "import-marian"):
+        out = tmp_path / command
+        assert tolk([command, str(hub_dir), str(out)]) == 0
+        for name in ("config.json", "generation.json", "vocab.json", "info.json"):
+            if (reference / name).exists():
+                assert (out / name).read_bytes() == (reference / name).read_bytes(), name
+        assert not [p for p in tmp_path.iterdir() if p.name.startswith(".")]
