@@ -52,9 +52,11 @@ def with_config(model_dir: Path, out: Path, **changes: Any) -> Path:
     return out
 
 
-def to_ct2(model_dir: Path, out: Path, quantization: str | None = None, interleave: list[int] | None = None) -> Path:
-    """Convert with CTranslate2's spec classes and serializer; the source flags as the Tolk model has them, and the
-    position table interleaved (OpenNMT-py's layout) when `interleave` gives the inverse permutation."""
+def to_ct2(model_dir: Path, out: Path, quantization: str | None = None, interleave: list[int] | None = None,
+           onmt_vocab: str = "") -> Path:
+    """Convert with CTranslate2's spec classes and serializer; the source flags as the Tolk model has them, the
+    position table interleaved (OpenNMT-py's layout) when `interleave` gives the inverse permutation, and the
+    vocabulary numbered as OpenNMT-py numbers it on the sides onmt_vocab names ("source", "target" or both)."""
     module = bench_converter()
     cfg = checkpoint.read_meta(model_dir).cfg
 
@@ -67,11 +69,32 @@ def to_ct2(model_dir: Path, out: Path, quantization: str | None = None, interlea
                 table = sinusoidal_table(cfg.max_positions, cfg.d_model)[:, interleave]
                 spec.encoder.position_encodings.encodings = table
                 spec.decoder.position_encodings.encodings = table
+            if onmt_vocab:
+                renumber_like_onmt(spec, onmt_vocab)
             return spec
 
     Converter(model_dir).convert(str(out), quantization=quantization, force=True)
     shutil.copyfile(model_dir / "source.spm", out / "sentencepiece.model")
     return out
+
+
+def renumber_like_onmt(spec: Any, sides: str) -> None:
+    """The spec's vocabulary (SentencePiece's pad 0, bos 1, eos 2, unk 3) renumbered as OpenNMT-py's on `sides`;
+    the source alone gets eos and unk swapped (a source numbered otherwise, its pad where the target's is)."""
+    pieces = spec._vocabularies["target"][0]
+    order = [3, 0, 1, 2] if "target" in sides else [0, 1, 3, 2]
+    index = torch.tensor([*order, *range(4, len(pieces))])
+    names = ["<unk>", "<blank>", "<s>", "</s>", *pieces[4:]] if "target" in sides else [pieces[i] for i in index]
+    layers = {"source": [spec.encoder.embeddings[0]], "target": [spec.decoder.embeddings, spec.decoder.projection]}
+    for side in ("source", "target"):
+        if side in sides:
+            for layer in layers[side]:
+                layer.weight = layer.weight.index_select(0, index)
+            spec._vocabularies[side] = [names]
+    if "target" in sides:
+        spec.decoder.projection.bias = spec.decoder.projection.bias.index_select(0, index)
+        spec.config.unk_token, spec.config.bos_token, spec.config.eos_token = "<unk>", "<s>", "</s>"
+        spec.config.decoder_start_token = "<s>"
 
 
 def inverse(perm: list[int]) -> list[int]:
@@ -116,6 +139,35 @@ def test_imported_model_translates_as_ctranslate2(tiny_model_dir: Path, tmp_path
     for key, value in original.model.state_dict().items():
         assert imported.model.state_dict()[key].equal(value), key
     ours, theirs = translations(out, ct2_dir, beam, lines)
+    assert ours == theirs
+
+
+def test_vocabulary_numbered_as_opennmt_py(tiny_model_dir: Path, tmp_path: Path, lines: list[str]) -> None:
+    """Ids that are not SentencePiece's own (OpenNMT-py's numbering, pad named <blank>, a .txt vocabulary as older
+    CTranslate2 versions wrote): vocab.json keeps the pieces, and the import translates as CTranslate2 does."""
+    ct2_dir = to_ct2(tiny_model_dir, tmp_path / "ct2", onmt_vocab="source+target")
+    pieces = json.loads((ct2_dir / "shared_vocabulary.json").read_text())
+    (ct2_dir / "shared_vocabulary.json").unlink()
+    (ct2_dir / "shared_vocabulary.txt").write_text("\n".join(pieces) + "\n")
+    out = import_ct2(ct2_dir, tmp_path / "tolk", INFO)
+    meta = checkpoint.read_meta(out)
+    assert json.loads((out / "vocab.json").read_text())[:4] == ["<unk>", "<blank>", "<s>", "</s>"]
+    assert (meta.cfg.unk_id, meta.cfg.pad_id, meta.cfg.bos_id, meta.cfg.eos_id) == (0, 1, 2, 3)
+    for beam in (1, 4):
+        ours, theirs = translations(out, ct2_dir, beam, lines)
+        assert ours == theirs
+
+
+def test_separate_vocabularies(tiny_model_dir: Path, tmp_path: Path, lines: list[str]) -> None:
+    """A source vocabulary numbered otherwise than the target's: source_vocab.json beside vocab.json, separate
+    embedding tables, and the same translations as CTranslate2's."""
+    ct2_dir = to_ct2(tiny_model_dir, tmp_path / "ct2", onmt_vocab="source")
+    assert (ct2_dir / "source_vocabulary.json").is_file() and (ct2_dir / "target_vocabulary.json").is_file()
+    out = import_ct2(ct2_dir, tmp_path / "tolk", INFO)
+    meta = checkpoint.read_meta(out)
+    assert not meta.cfg.share_embeddings and (out / "source_vocab.json").is_file()
+    assert meta.tokenizer.encode("")[-1] == 3  # the source's own end-of-sentence id
+    ours, theirs = translations(out, ct2_dir, 1, lines)
     assert ours == theirs
 
 
