@@ -167,8 +167,9 @@ def test_separate_vocabularies(tiny_model_dir: Path, tmp_path: Path, lines: list
     meta = checkpoint.read_meta(out)
     assert not meta.cfg.share_embeddings and (out / "source_vocab.json").is_file()
     assert meta.tokenizer.encode("")[-1] == 3  # the source's own end-of-sentence id
-    ours, theirs = translations(out, ct2_dir, 1, lines)
-    assert ours == theirs
+    for beam in (1, 4):
+        ours, theirs = translations(out, ct2_dir, beam, lines)
+        assert ours == theirs
 
 
 def test_pre_norm_model_scores_as_ctranslate2(tiny_model_dir: Path, tmp_path: Path, lines: list[str]) -> None:
