@@ -91,6 +91,12 @@ def renumber_like_onmt(spec: Any, sides: str) -> None:
             for layer in layers[side]:
                 layer.weight = layer.weight.index_select(0, index)
             spec._vocabularies[side] = [names]
+    if sides == "no pad":  # CTranslate2's Marian conversion drops the pad piece
+        keep = torch.arange(1, len(pieces))
+        for layer in (*layers["source"], *layers["target"]):
+            layer.weight = layer.weight.index_select(0, keep)
+        spec.decoder.projection.bias = spec.decoder.projection.bias.index_select(0, keep)
+        spec._vocabularies = {"source": [pieces[1:]], "target": [pieces[1:]]}
     if "target" in sides:
         spec.decoder.projection.bias = spec.decoder.projection.bias.index_select(0, index)
         spec.config.unk_token, spec.config.bos_token, spec.config.eos_token = "<unk>", "<s>", "</s>"
@@ -117,7 +123,9 @@ def translations(tolk_dir: Path, ct2_dir: Path, beam: int, lines: list[str],
     config = GenerationConfig(beam_size=beam, max_new_tokens=MAX_LEN, length_penalty=0.0)
     ours = [tok.pieces(h[0].tokens) for h in generate(loaded.net, [tok.encode(s) for s in lines], config)]
     translator = ctranslate2.Translator(str(ct2_dir), device="cpu", compute_type=compute_type)
-    banned = bench_converter().banned_pieces(tolk_dir)
+    vocabulary = ct2_dir / "shared_vocabulary.json"
+    known = set(json.loads(vocabulary.read_text())) if vocabulary.is_file() else None
+    banned = [p for p in bench_converter().banned_pieces(tolk_dir) if known is None or p in known]
     pieces = [tok.source.encode(s, out_type=str) for s in lines]
     results = translator.translate_batch(pieces, beam_size=beam, max_decoding_length=MAX_LEN, length_penalty=0.0,
                                          suppress_sequences=[[p] for p in banned])
@@ -172,6 +180,19 @@ def test_separate_vocabularies(tiny_model_dir: Path, tmp_path: Path, lines: list
         assert ours == theirs
 
 
+def test_a_vocabulary_without_padding_gets_one(tiny_model_dir: Path, tmp_path: Path, lines: list[str]) -> None:
+    """No pad piece (CTranslate2's conversion of Marian models drops it): a zero row is appended as Tolk's padding,
+    never generated, so the translations stay CTranslate2's."""
+    ct2_dir = to_ct2(tiny_model_dir, tmp_path / "ct2", onmt_vocab="no pad")
+    out = import_ct2(ct2_dir, tmp_path / "tolk", INFO)
+    meta = checkpoint.read_meta(out)
+    size = len(json.loads((ct2_dir / "shared_vocabulary.json").read_text()))
+    assert meta.cfg.pad_id == size and meta.cfg.tgt_vocab_size == size + 1
+    assert json.loads((out / "vocab.json").read_text())[-1] == "<pad>"
+    ours, theirs = translations(out, ct2_dir, 1, lines)
+    assert ours == theirs
+
+
 def test_pre_norm_model_scores_as_ctranslate2(tiny_model_dir: Path, tmp_path: Path, lines: list[str]) -> None:
     """A pre-norm model (OpenNMT-py's and so Argos's layout) imported from CTranslate2 gives every target token the
     log-probability CTranslate2's score_batch gives it, teacher-forced on the same files."""
@@ -205,6 +226,16 @@ def test_source_without_eos_as_ctranslate2(tiny_model_dir: Path, tmp_path: Path,
     assert ours == theirs
     with_eos, _ = translations(tiny_model_dir, ct2_dir, 1, lines)
     assert with_eos != ours  # the flag changes what the model sees
+
+
+def test_source_with_bos_as_ctranslate2(tiny_model_dir: Path, tmp_path: Path, lines: list[str]) -> None:
+    model_dir = with_config(tiny_model_dir, tmp_path / "bos", add_source_bos=True)
+    ct2_dir = to_ct2(model_dir, tmp_path / "ct2")
+    out = import_ct2(ct2_dir, tmp_path / "tolk", INFO)
+    meta = checkpoint.read_meta(out)
+    assert meta.cfg.add_source_bos and meta.tokenizer.encode(lines[0])[0] == meta.cfg.bos_id
+    ours, theirs = translations(out, ct2_dir, 1, lines)
+    assert ours == theirs
 
 
 def test_interleaved_positions_are_permuted_into_tolks(tiny_model_dir: Path, tmp_path: Path,
