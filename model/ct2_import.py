@@ -251,7 +251,7 @@ def check_supported(spec: str, revision: int, variables: dict[str, Tensor]) -> N
         kind = "a decoder-only (language) model" if "Decoder" in spec else f"a {spec} model"
         raise UnsupportedCheckpoint(f"this CTranslate2 model is {kind}; Tolk imports encoder-decoder Transformers "
                                     f"(TransformerSpec) only")
-    if revision < 3:
+    if revision < 2:  # revision 1 names its variables as OpenNMT-tf did
         raise UnsupportedCheckpoint(f"spec revision {revision} is too old: convert the model again with a recent "
                                     "CTranslate2")
     for name in variables:
@@ -307,9 +307,10 @@ def model_weights(v: Variables, layers: tuple[int, int], d: int) -> tuple[dict[s
     return weights, fields
 
 
-def settings(v: Variables, weights: dict[str, Tensor], d: int) -> dict[str, Any]:
-    """Heads, activation and feed-forward width, which Tolk holds once for both stacks."""
-    heads = {int(v.flag(s, "num_heads", 0.0)) for s in ("encoder", "decoder")}
+def settings(v: Variables, weights: dict[str, Tensor], d: int, default_heads: int) -> dict[str, Any]:
+    """Heads, activation and feed-forward width, which Tolk holds once for both stacks (revision 2 stores no heads:
+    the spec's name says them, as CTranslate2 reads it)."""
+    heads = {int(v.flag(s, "num_heads", default_heads)) for s in ("encoder", "decoder")}
     activations = {int(v.flag(s, "activation", 0.0)) for s in ("encoder", "decoder")}
     widths = {w.shape[0] for name, w in weights.items() if name.endswith("ff.fc1.weight")}
     if len(heads) != 1 or len(activations) != 1 or len(widths) != 1:
@@ -390,7 +391,7 @@ def import_ct2(src_dir: Path | str, out_dir: Path | str, info: checkpoint.ModelI
         raise UnsupportedCheckpoint("the model has no encoder or no decoder layers")
     d = v.all["decoder/embeddings/weight"].shape[1]
     weights, fields = model_weights(v, (layers[0], layers[1]), d)
-    fields.update(settings(v, weights, d))
+    fields.update(settings(v, weights, d, SPECS[spec]))
     for stack in ("encoder", "decoder"):
         if f"{stack}/position_encodings/encodings" not in v.all:
             raise UnsupportedCheckpoint(f"model.bin stores no {stack} position table: CTranslate2's own sinusoid "

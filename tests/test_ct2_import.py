@@ -337,3 +337,16 @@ def test_decoder_only_truncated_and_incomplete_directories_are_refused(tiny_mode
     (ct2_dir / "sentencepiece.model").unlink()
     with pytest.raises(FileNotFoundError, match="SentencePiece"):
         import_ct2(ct2_dir, tmp_path / "c", INFO)
+
+
+def test_old_revisions_take_the_heads_from_the_spec_name(tiny_model_dir: Path, tmp_path: Path) -> None:
+    """Spec revision 2 stores no head count: TransformerBase has 8, TransformerBig 16 (as CTranslate2 reads them);
+    revision 1 (OpenNMT-tf's variable names) is refused."""
+    ct2_dir = to_ct2(tiny_model_dir, tmp_path / "ct2")
+    _, _, variables = read_model_bin(ct2_dir / "model.bin")
+    old = {k: v for k, v in variables.items() if not k.endswith("num_heads")}
+    write_model_bin(ct2_dir / "model.bin", "TransformerBig", 2, old)
+    assert checkpoint.read_meta(import_ct2(ct2_dir, tmp_path / "big", INFO)).cfg.n_heads == 16
+    write_model_bin(ct2_dir / "model.bin", "TransformerSpec", 1, old)
+    with pytest.raises(UnsupportedCheckpoint, match="revision 1 is too old"):
+        import_ct2(ct2_dir, tmp_path / "v1", INFO)
