@@ -265,6 +265,20 @@ def check_supported(spec: str, revision: int, variables: dict[str, Tensor]) -> N
             raise UnsupportedCheckpoint(f"unknown position encoding variable {name}")
 
 
+def positions(v: Variables, raw: dict[str, Tensor]) -> tuple[int, list[int] | None]:
+    """The position table's length, and the permutation that makes it Tolk's (`positions_permutation`)."""
+    name = "{}/position_encodings/encodings"
+    for stack in ("encoder", "decoder"):
+        if name.format(stack) not in v.all:
+            raise UnsupportedCheckpoint(f"model.bin stores no {stack} position table: CTranslate2's own sinusoid "
+                                        "(OpenNMT-tf's) starts at position 1 with other frequencies, which Tolk "
+                                        "does not compute")
+    table = v.take(name.format("encoder"))
+    if not torch.equal(table, v.take(name.format("decoder"))):
+        raise UnsupportedCheckpoint("the encoder and decoder position tables differ")
+    return table.shape[0], positions_permutation(table, raw[name.format("encoder")].dtype)
+
+
 def embedding_scale(v: Variables, stack: str, table: str, d: int) -> float:
     """CTranslate2's embedding scale: a flag (true: sqrt(d)), a value, or absent (sqrt(d))."""
     for name in (f"{stack}/scale_embeddings", f"{table}/multiply_by_sqrt_depth"):
@@ -389,18 +403,10 @@ def import_ct2(src_dir: Path | str, out_dir: Path | str, info: checkpoint.ModelI
                    for s in ("encoder", "decoder"))
     if not layers[0] or not layers[1]:
         raise UnsupportedCheckpoint("the model has no encoder or no decoder layers")
-    d = v.all["decoder/embeddings/weight"].shape[1]
+    d = v.take("decoder/embeddings/weight").shape[1]
     weights, fields = model_weights(v, (layers[0], layers[1]), d)
     fields.update(settings(v, weights, d, SPECS[spec]))
-    for stack in ("encoder", "decoder"):
-        if f"{stack}/position_encodings/encodings" not in v.all:
-            raise UnsupportedCheckpoint(f"model.bin stores no {stack} position table: CTranslate2's own sinusoid "
-                                        "(OpenNMT-tf's) starts at position 1 with other frequencies, which Tolk "
-                                        "does not compute")
-    table = v.take("encoder/position_encodings/encodings")
-    if not torch.equal(table, v.take("decoder/position_encodings/encodings")):
-        raise UnsupportedCheckpoint("the encoder and decoder position tables differ")
-    perm = positions_permutation(table, raw["encoder/position_encodings/encodings"].dtype)
+    rows, perm = positions(v, raw)
     if perm is not None:
         weights = permute_hidden(weights, perm)
     left = [n for n in v.left if not IGNORED.search(n) and n.rsplit("/", 1)[-1] not in MUST_BE_OFF]
@@ -414,7 +420,7 @@ def import_ct2(src_dir: Path | str, out_dir: Path | str, info: checkpoint.ModelI
     tie = torch.equal(weights["out_proj.weight"], tgt_table)
     cfg = ModelConfig(src_vocab_size=len(source), tgt_vocab_size=len(target), **fields,
                       encoder_layers=layers[0], decoder_layers=layers[1], share_embeddings=share, tie_output=tie,
-                      output_bias="out_bias" in weights, max_positions=table.shape[0], pad_id=pad,
+                      output_bias="out_bias" in weights, max_positions=rows, pad_id=pad,
                       **token_ids(config, target), dropout=0.0)
     model = Transformer(cfg)
     model.load_state_dict({k: weights[k] for k in model.state_dict()}, strict=True)
