@@ -33,8 +33,6 @@ from model.tokenizer import Tokenizer
 from model.transformer import Transformer
 
 M = TypeVar("M", bound=torch.nn.Module)
-# What a released int8 module keeps in place of its weight: one int8 zero (fbgemm packs no empty matrix)
-EMPTY_INT8_WEIGHT = torch.quantize_per_tensor(torch.zeros(1, 1), 1.0, 0, torch.qint8)
 DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
 # int8: float32 model whose linear layers are dynamically quantized (CPU). float16w: float32 model whose products
 # read float16 weights and compute in float32 (CPU, fbgemm): close to int8's speed for a few rows, float32's
@@ -144,11 +142,14 @@ def release_linear_weights(model: Transformer) -> None:
     modules' weights are a second copy of most of the model (about 290 MB for an OPUS-MT model in float32).
     Afterwards the modules can no longer run, be saved or be frozen again: this is for a process that only decodes.
     """
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # torch's notice that quantized tensors are deprecated
+        empty_int8 = torch.quantize_per_tensor(torch.zeros(1, 1), 1.0, 0, torch.qint8)  # fbgemm packs no 0-row matrix
     for m in model.modules():
         if type(m) is nn.Linear:
             m.weight = nn.Parameter(m.weight.detach().new_empty(0), requires_grad=False)
         elif isinstance(m, QuantizedLinear):  # int8: the frozen network packed its own copy of the int8 weights
-            m._packed_params.set_weight_bias(EMPTY_INT8_WEIGHT, None)
+            m._packed_params.set_weight_bias(empty_int8, None)
 
 
 def load(directory: Path | str, device: str = "auto", dtype: str = "float32",
