@@ -4,22 +4,18 @@ from __future__ import annotations
 
 import json
 import shutil
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
 import pytest
 import torch
-from fastapi.testclient import TestClient
 from torch import nn
 
 from model import calibrate, checkpoint
 from model.frozen import Projection
 from model.generation import GenerationConfig
 from model.search import generate
-from server.app import create_app
-from tests.test_server_api import server_settings
-from tests.test_server_batching import REQUESTS, offline
+from tests.test_server_batching import assert_requests_under_load_equal_each_alone
 from tests.tiny import corpus_lines
 
 # Sentences of very different lengths and words, so that batch-wide activation scales would differ from each one's own
@@ -85,16 +81,5 @@ def test_ranges_that_do_not_fit_the_network_are_refused(tiny_model_dir: Path, tm
 
 
 def test_calibrated_int8_requests_under_load_equal_each_alone(tiny_model_dir: Path, tmp_path: Path) -> None:
-    """The server's CPU default precision, with ranges: concurrent requests through the server (its scheduler in a
-    child process, as users run it) translate exactly as the engine translates each alone."""
-    directory = calibrated_copy(tiny_model_dir, tmp_path / "model")
-    loaded = checkpoint.load(directory, device="cpu", dtype="int8")
-    with TestClient(create_app(server_settings(directory, dtype="int8", max_batch_rows=16))) as c:
-        def post(item: tuple[str, dict[str, Any]]) -> str:
-            r = c.post("/translate", json={"q": item[0], "target": "pt", "options": item[1]})
-            assert r.status_code == 200, r.text
-            return str(r.json()["translatedText"])
-
-        with ThreadPoolExecutor(len(REQUESTS)) as pool:
-            together = list(pool.map(post, REQUESTS))
-    assert together == [offline(loaded, text, **options) for text, options in REQUESTS]
+    """The server's CPU default precision, with ranges."""
+    assert_requests_under_load_equal_each_alone(calibrated_copy(tiny_model_dir, tmp_path / "model"), "int8")

@@ -138,11 +138,11 @@ def test_concurrent_requests_equal_each_alone(client: TestClient, tiny_loaded: L
     assert single < steps  # some steps did decode several rows together
 
 
-def test_float16w_requests_under_load_equal_each_alone(tiny_model_dir: Path) -> None:
-    """The CPU precision whose rows do not depend on their batch: concurrent requests through the server (its
-    scheduler in a child process, as users run it) translate exactly as the engine translates each alone."""
-    loaded = load(tiny_model_dir, device="cpu", dtype="float16w")
-    with TestClient(create_app(server_settings(tiny_model_dir, dtype="float16w", max_batch_rows=16))) as c:
+def assert_requests_under_load_equal_each_alone(model_dir: Path, dtype: str) -> None:
+    """Concurrent requests through the server (its scheduler in a child process, as users run it) translate exactly
+    as the engine translates each alone, in this precision."""
+    loaded = load(model_dir, device="cpu", dtype=dtype)
+    with TestClient(create_app(server_settings(model_dir, dtype=dtype, max_batch_rows=16))) as c:
         def post(item: tuple[str, dict[str, Any]]) -> str:
             r = c.post("/translate", json={"q": item[0], "target": "pt", "options": item[1]})
             assert r.status_code == 200, r.text
@@ -151,6 +151,11 @@ def test_float16w_requests_under_load_equal_each_alone(tiny_model_dir: Path) -> 
         with ThreadPoolExecutor(len(REQUESTS)) as pool:
             together = list(pool.map(post, REQUESTS))
     assert together == [offline(loaded, text, **options) for text, options in REQUESTS]
+
+
+def test_float16w_requests_under_load_equal_each_alone(tiny_model_dir: Path) -> None:
+    """The CPU precision whose rows never depend on their batch (float16 weights, float32 arithmetic)."""
+    assert_requests_under_load_equal_each_alone(tiny_model_dir, "float16w")
 
 
 def test_rows_join_mid_flight(client: TestClient, tiny_loaded: LoadedModel) -> None:
