@@ -227,8 +227,11 @@ class Batcher:
             return False
         try:
             sent = [(p, self._records[p.request].submit) for p in items]
-            batch.admit([((p.request, p.sentence), s.sources[p.sentence], s.configs[p.sentence]) for p, s in sent],
-                        [s.constraints[p.sentence] if s.constraints else None for p, s in sent])
+            admitted = [((p.request, p.sentence), s.sources[p.sentence], s.configs[p.sentence]) for p, s in sent]
+            if any(s.constraints for _, s in sent):  # a glossary's terms
+                batch.admit(admitted, [s.constraints[p.sentence] if s.constraints else None for p, s in sent])
+            else:
+                batch.admit(admitted)
         except Exception as exc:  # these sentences left the queue without reaching the batch
             if out_of_memory(exc):
                 self._admitting_out_of_memory(items)
