@@ -259,7 +259,7 @@ RESULT_RESPONSES: dict[int | str, dict[str, Any]] = {
 
 
 @router.post("/documents", response_model=DocumentHandle, openapi_extra={"requestBody": UPLOAD_BODY},
-             responses=error_responses(400, 401, 403, 413, 429, 503))
+             responses=error_responses(400, 401, 403, 404, 413, 429, 503))
 async def upload_document(request: Request, registry: RegistryDep, detector: DetectorDep,
                           settings: SettingsDep) -> DocumentHandle:
     """Upload a document to translate in the background; the answer's id and key ask for its status and result."""

@@ -199,7 +199,7 @@ async def store_translation(prepared: PreparedFile, files: FileStore, texts: lis
 
 @router.post("/translate_file", response_model=FileTranslation, response_model_exclude_none=True,
              openapi_extra={"requestBody": REQUEST_BODY},
-             responses=error_responses(400, 401, 403, 413, 429, 500, 503, 504))
+             responses=error_responses(400, 401, 403, 404, 413, 429, 500, 503, 504))
 async def translate_file(request: Request, registry: RegistryDep, detector: DetectorDep, settings: SettingsDep,
                          files: FilesDep) -> FileTranslation:
     """Translate a document, keeping its formatting; the answer says where to download it (until it expires)."""

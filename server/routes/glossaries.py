@@ -6,10 +6,10 @@ When the server has API keys, each key sees only its own glossaries.
 
 from __future__ import annotations
 
-from typing import Annotated
+from typing import Annotated, Any
 
 from fastapi import APIRouter, Depends, Request
-from fastapi.responses import PlainTextResponse, Response
+from fastapi.responses import Response
 from starlette.concurrency import run_in_threadpool
 
 from server.deps import RegistryDep, SettingsDep, admit_client, check_api_key, parse_request, started
@@ -82,13 +82,18 @@ async def get_glossary(glossary_id: str, request: Request, settings: SettingsDep
     return _public(await run_in_threadpool(store.info, glossary_id, owner(request, settings)))
 
 
-@router.get("/glossaries/{glossary_id}/entries", response_class=PlainTextResponse,
-            responses={200: {"content": {"text/tab-separated-values": {}}}, **error_responses(401, 403, 404, 503)})
-async def glossary_entries(glossary_id: str, request: Request, settings: SettingsDep,
-                           store: StoreDep) -> PlainTextResponse:
+ENTRIES_RESPONSES: dict[int | str, dict[str, Any]] = {
+    200: {"description": "the entries, one per line: source term, tab, target term",
+          "content": {"text/tab-separated-values": {}}},
+    **error_responses(401, 403, 404, 503),
+}
+
+
+@router.get("/glossaries/{glossary_id}/entries", response_class=Response, responses=ENTRIES_RESPONSES)
+async def glossary_entries(glossary_id: str, request: Request, settings: SettingsDep, store: StoreDep) -> Response:
     """A glossary's entries as TSV, in the order they were given."""
     glossary = await run_in_threadpool(store.get, glossary_id, owner(request, settings))
-    return PlainTextResponse(entries_tsv(glossary.entries), media_type="text/tab-separated-values; charset=utf-8")
+    return Response(entries_tsv(glossary.entries), media_type="text/tab-separated-values; charset=utf-8")
 
 
 @router.delete("/glossaries/{glossary_id}", status_code=204, response_class=Response,

@@ -71,7 +71,7 @@ QUERY_PARAMETERS = [
     {"name": name, "in": "query", "required": name == "q", "schema": schema, "style": "form", "explode": True}
     for name, schema in FLAT_FIELDS.items()
 ]
-ERROR_STATUSES = (400, 401, 403, 413, 422, 429, 500, 503, 504)
+ERROR_STATUSES = (400, 401, 403, 404, 413, 422, 429, 500, 503, 504)  # 404: an unknown glossary_id
 ERRORS = error_responses(*ERROR_STATUSES)
 # Refusals of a stream come before it starts, as JSON; `model` would file them under text/event-stream.
 # (ErrorBody is among the components through /translate's ERRORS.)
@@ -91,7 +91,7 @@ async def start(request: Request, req: TranslateRequest, registry: Registry, det
     html = req.format == "html"
     glossary = None
     source = req.source
-    if req.glossary_id is not None:
+    if req.glossary_id:  # (a form's empty field is none)
         glossary = await glossary_for(request, settings, req.glossary_id, req.api_key)
         if source == "auto":  # as DeepL, a glossary names the source language
             source = glossary.info.source_lang
