@@ -49,14 +49,18 @@ RUN pip install --no-deps .
 
 
 FROM base AS runtime
+# /var/lib/tolk: what must outlive a restart (glossaries, SQLite), the one directory the server writes; mount a
+# volume there to keep it across containers.
 RUN groupadd --system --gid 10001 tolk \
-    && useradd --system --uid 10001 --gid tolk --home-dir /app --no-create-home --shell /usr/sbin/nologin tolk
+    && useradd --system --uid 10001 --gid tolk --home-dir /app --no-create-home --shell /usr/sbin/nologin tolk \
+    && install -d -o 10001 -g 10001 /var/lib/tolk
 COPY --from=build /opt/venv /opt/venv
 WORKDIR /app
 # The shipped models, owned by root and only readable by the server. Mount a directory on /app/weights to serve
 # other (imported) models instead.
 COPY weights/ weights/
-ENV PATH=/opt/venv/bin:$PATH
+ENV PATH=/opt/venv/bin:$PATH \
+    TOLK_DATA_DIR=/var/lib/tolk
 USER 10001:10001
 EXPOSE 8000
 # /ready answers 200 once every model is loaded and its scheduler runs; the slim base has no curl.

@@ -138,6 +138,14 @@ def check(c: Container, ready_limit: float) -> None:
     text = SENTENCES["en", "pt"][0]
     pieces, done = streamed_text(c.url, {"q": text, "source": "en", "target": "pt"})
     expect(pieces.strip() == done == expected["en", "pt"][0], f"streamed == plain: {pieces!r}, done {done!r}")
+    glossary = {"name": "image check", "source_lang": "en", "target_lang": "pt", "entries": "file\tficheiro\n",
+                "entries_format": "tsv"}
+    status, body = http(f"{c.url}/glossaries", glossary)
+    expect(status == 201, f"a glossary is kept in the image's data directory ({status})")
+    request = {"q": text, "source": "en", "target": "pt", "glossary_id": json.loads(body)["glossary_id"]}
+    status, body = http(f"{c.url}/translate", request)
+    got = json.loads(body).get("translatedText", "") if status == 200 else body.decode()
+    expect("ficheiro" in got.lower(), f"the glossary's term is in the translation: {got!r}")
     status, metrics = http(f"{c.url}/metrics")
     names = {"tolk_requests_total", "tolk_generated_tokens_total", "tolk_decode_step_seconds_bucket"}
     found = {n for n in names if n in metrics.decode()}

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -31,7 +32,10 @@ def server_settings(model_dir: Path, **changes: Any) -> Settings:
     own), small limits, nothing read from the environment; the batcher in a child process, as users run it, unless
     a test asks for it as a thread (`scheduler_process=False`) to look inside. The translation cache is off, so
     that every request decodes (tests/test_cache.py turns it on)."""
-    settings: dict[str, Any] = {"translation_cache_entries": 0, "device": "cpu", "dtype": "float32", **changes}
+    # glossaries (SQLite) go to a directory of the test run, never into the checkout's data/server
+    data_dir = Path(tempfile.mkdtemp(prefix="tolk-test-data-"))
+    settings: dict[str, Any] = {"translation_cache_entries": 0, "device": "cpu", "dtype": "float32",
+                                "data_dir": data_dir, **changes}
     return Settings(_env_file=None, models=[model_dir],  # type: ignore[call-arg]
                     max_text_chars=2000, max_texts=8, max_body_bytes=64 * 1024, **settings)
 
