@@ -332,27 +332,6 @@ def check_output(out: Path, force: bool) -> None:
         raise FileExistsError(f"{out} exists and is not empty (use --force to write into it)")
 
 
-def add_import_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("src_dir", type=Path, help="Hugging Face Marian checkpoint directory (e.g. opus-mt-en-de)")
-    p.add_argument("out_dir", type=Path, help="Tolk model directory to write")
-    p.add_argument("--name", default=None, help="model name (default: the source directory's name)")
-    p.add_argument("--source-language", default=None, help="default: tokenizer_config.json or the directory name")
-    p.add_argument("--target-language", default=None)
-    p.add_argument("--force", action="store_true", help="write into a non-empty output directory")
-
-
-def import_main(args: argparse.Namespace) -> int:
-    try:
-        check_output(args.out_dir, args.force)
-        out = import_marian(args.src_dir, args.out_dir, args.name, args.source_language, args.target_language)
-    except (ValueError, OSError) as e:
-        print(f"tolk import-marian: error: {e}", file=sys.stderr)
-        return 1
-    info = checkpoint.ModelInfo.load(out / "info.json")
-    print(f"imported {args.src_dir} -> {out} ({info.source_language} -> {info.target_language})")
-    return 0
-
-
 def add_export_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("model_dir", type=Path, help="Tolk model directory")
     p.add_argument("out_dir", type=Path, help="Hugging Face Marian checkpoint directory to write")

@@ -19,7 +19,7 @@ import sentencepiece as spm
 import torch
 from safetensors.torch import load_file, save_file
 
-from model import checkpoint, marian, marian_export
+from model import argos, checkpoint, marian, marian_export
 from model.layers import sinusoidal_table
 from model.marian_format import UnsupportedCheckpoint
 from model.search import generate
@@ -361,13 +361,13 @@ def test_command_line(hf_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixtur
         return int(main(parser.parse_args(list(argv))))
 
     out = tmp_path / "en-pt"
-    assert run(marian.add_import_arguments, marian.import_main, str(hf_dir), str(out)) == 0
+    assert run(argos.add_import_arguments, argos.import_main, str(hf_dir), str(out)) == 0
     assert checkpoint.ModelInfo.load(out / "info.json").target_language == "pt"
-    assert run(marian.add_import_arguments, marian.import_main, str(hf_dir), str(out)) == 1  # not empty
+    assert run(argos.add_import_arguments, argos.import_main, str(hf_dir), str(out)) == 1  # not empty
     assert "--force" in capsys.readouterr().err
     assert run(marian.add_export_arguments, marian.export_main, str(out), str(tmp_path / "hf")) == 0
     bad = edited_copy(hf_dir, tmp_path / "bad", "config.json", {"activation_function": "tanh"})
-    assert run(marian.add_import_arguments, marian.import_main, str(bad), str(tmp_path / "x")) == 1
+    assert run(argos.add_import_arguments, argos.import_main, str(bad), str(tmp_path / "x")) == 1
     assert "activation_function" in capsys.readouterr().err
 
 
