@@ -42,6 +42,7 @@ class Sequence:
     n_gen: int = 0
     constraints: Constraints | None = None  # token sequences that must appear in the output (None: no work)
     progress: list[Progress] = field(default_factory=list)  # per beam, its way through the constraints
+    aligns: list[list[int]] | None = None  # per beam, the source position of each token (config.alignment)
 
     @property
     def beam(self) -> int:
@@ -149,6 +150,8 @@ class DecodeBatch:
             rows = list(range(row, row + config.beam_size))
             max_new = min(config.max_new_tokens, self.cache.max_tgt)
             seq = Sequence(key, config, len(ids), rows, max_new, [[] for _ in rows], [0.0] * len(rows))
+            if config.alignment:
+                seq.aligns = [[] for _ in rows]
             if c is not None:
                 seq.constraints, seq.progress = c, [c.start() for _ in rows]
             self._row_settings(seq, longs, floats)
@@ -218,12 +221,16 @@ class DecodeBatch:
         self.cache.set_active(new_n)
 
     @torch.inference_mode()
-    def forward(self) -> Tensor:
-        """The decoder step of rows 0..n-1: their next-token logits (n, V) in float32, each row's settings applied."""
+    def forward(self) -> tuple[Tensor, Tensor | None]:
+        """The decoder step of rows 0..n-1: their next-token logits (n, V) in float32, each row's settings applied,
+        and, when a sequence asks for alignment, each row's most attended source position (n,)."""
         last = self.state.last[: self.n]
-        logits = self.graphed(last) if self.graphed else self.net.decode_step(last, self.cache).float()  # (n, V)
-        self._process(logits, list(self.seqs.values()))
-        return logits
+        seqs = list(self.seqs.values())
+        align: list[Tensor] | None = [] if any(s.aligns is not None for s in seqs) else None
+        graphed, net = self.graphed, self.net
+        logits = graphed(last, align) if graphed else net.decode_step(last, self.cache, align).float()  # (n, V)
+        self._process(logits, seqs)
+        return logits, (align[0].argmax(-1) if align else None)
 
     def _process(self, logits: Tensor, seqs: list[Sequence]) -> None:
         n, st = self.n, self.state

@@ -15,6 +15,8 @@ class Hypothesis:
     tokens: list[int]  # generated tokens, end-of-sentence excluded
     score: float  # beam search: length-normalised log-probability; otherwise the sum of token log-probs
     finish_reason: str  # "eos" | "length"
+    # with GenerationConfig.alignment: per token, the source position its cross-attention weighs most
+    alignment: list[int] | None = None
 
 
 @dataclass

@@ -262,6 +262,18 @@ def attend_one(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None) -> Tensor:
     return torch.matmul(scores.softmax(-1), v)
 
 
+def cross_weights(q: Tensor, k: Tensor, mask: Tensor | None) -> Tensor:
+    """Attention weights of one query per row averaged over heads: q (B, H, 1, Dh), k (B, H, S, Dh) -> (B, S).
+
+    Computed beside the attention itself (which stays SDPA's), so that a row asking for them changes no other
+    row's numbers: the weights are read, never used to decode.
+    """
+    scores = torch.matmul(q * q.shape[-1] ** -0.5, k.transpose(-1, -2))  # (B, H, 1, S)
+    if mask is not None:
+        scores = scores.masked_fill(~mask, float("-inf"))
+    return scores.float().softmax(-1).mean(1)[:, 0]
+
+
 class FrozenDecoderLayer:
     def __init__(self, layer: DecoderLayer, n_heads: int, proj: MakeProjection) -> None:
         self.H = n_heads
@@ -273,11 +285,12 @@ class FrozenDecoderLayer:
         self.norms = Norms([layer.self_res.norm, layer.cross_res.norm, layer.ff_res.norm], layer.self_res.pre_norm)
 
     def step(self, x: Tensor, cache: KVCache, i: int, self_mask: Tensor | None, cross_mask: Tensor | None,
-             pos: Tensor | None = None) -> Tensor:
+             pos: Tensor | None = None, align: list[Tensor] | None = None) -> Tensor:
         """One new token per row: x (B, D); this is decoder layer i. Masks are None when no key is padding.
 
         With `pos` (B,), the rows' positions on the device, attention runs over the whole cache buffers (shapes
-        fixed, no host-side bounds): the form a CUDA graph can capture.
+        fixed, no host-side bounds): the form a CUDA graph can capture. With `align`, the cross-attention
+        weights averaged over heads (B, S) are appended to it.
         """
         B, D = x.shape
         qkv = self.qkv(self.norms.inp(x, 0)).view(B, 3, self.H, -1)  # (B, 3, H, Dh)
@@ -287,6 +300,8 @@ class FrozenDecoderLayer:
         q = self.cross_q(self.norms.inp(x, 1)).view(B, self.H, 1, -1)
         ck, cv = cache.cross(i, B, whole=pos is not None)  # (B, H, S, Dh)
         a = attend_one(q, ck, cv, cross_mask)
+        if align is not None:
+            align.append(cross_weights(q, ck, cross_mask))
         x = self.norms.out(self.cross_o(a.view(B, D), residual=x), 1)
         return self.norms.out(self.fc2(self.fc1(self.norms.inp(x, 2)), residual=x), 2)
 
@@ -369,30 +384,37 @@ class FrozenTransformer:
         return KVCache(cfg.decoder_layers, rows, cfg.n_heads, cfg.head_dim, max_src, max_tgt, self.device,
                        self.tgt_table.dtype)
 
-    def decode_step(self, tokens: Tensor, cache: KVCache) -> Tensor:
-        """Advance cache rows 0..B-1 by one token each: tokens (B,) -> logits (B, V)."""
+    def decode_step(self, tokens: Tensor, cache: KVCache, align: list[Tensor] | None = None) -> Tensor:
+        """Advance cache rows 0..B-1 by one token each: tokens (B,) -> logits (B, V).
+
+        `align`: gets the last decoder layer's cross-attention weights averaged over heads (B, S), the source
+        position each new token looks at (fairseq's alignment layer).
+        """
         B = tokens.shape[0]
         x = self.embed(self.tgt_table, tokens, self.positions[cache.pos[:B]])  # (B, D), row b at its own position
         self_mask, cross_mask = cache.masks(B)
+        last = len(self.decoder) - 1
         with attention_kernels(self.device):
             for i, layer in enumerate(self.decoder):
-                x = layer.step(x, cache, i, self_mask, cross_mask)
+                x = layer.step(x, cache, i, self_mask, cross_mask, align=align if i == last else None)
         cache.advance(B)
         return self.out(self.final.norm(x, 1) if self.final else x)
 
-    def decode_step_fixed(self, tokens: Tensor, cache: KVCache) -> Tensor:
+    def decode_step_fixed(self, tokens: Tensor, cache: KVCache, align: list[Tensor] | None = None) -> Tensor:
         """`decode_step` over the whole cache buffers, reading nothing on the host: what model.graphs captures.
 
         Rows 0..B-1 advance, active or not (a graph runs a bucket of rows); a free row's position is clamped to
-        the buffer and is reset when the row is admitted. Does not update the cache's host-side bounds.
+        the buffer and is reset when the row is admitted. Does not update the cache's host-side bounds. `align`
+        as in `decode_step`, over the whole source buffer (B, max_src).
         """
         B = tokens.shape[0]
         pos = cache.pos[:B].clamp(max=cache.max_tgt - 1)
         x = self.embed(self.tgt_table, tokens, self.positions[pos])  # (B, D)
         self_mask, cross_mask = cache.fixed_masks(pos)
+        last = len(self.decoder) - 1
         with attention_kernels(self.device):
             for i, layer in enumerate(self.decoder):
-                x = layer.step(x, cache, i, self_mask, cross_mask, pos)
+                x = layer.step(x, cache, i, self_mask, cross_mask, pos, align if i == last else None)
         cache.pos[:B] += 1
         return self.out(self.final.norm(x, 1) if self.final else x)
 

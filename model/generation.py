@@ -33,6 +33,7 @@ class GenerationConfig:
     min_new_tokens: int = 0  # end-of-sentence is forbidden before this many tokens
     max_new_tokens: int = 256  # hard cap on generated tokens, end-of-sentence included
     scores: bool = True  # compute token log-probs and hypothesis scores; False: greedy rows skip it (NaN instead)
+    alignment: bool = False  # each hypothesis also gives the source token each of its tokens attends to most
 
     def __post_init__(self) -> None:
         self.validate()

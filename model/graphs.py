@@ -76,13 +76,20 @@ class GraphedStep:
     def bucket(self, B: int) -> int:
         return next(b for b in self.sizes if b >= B)
 
-    def __call__(self, tokens: Tensor) -> Tensor:
-        """Advance rows 0..B-1 by one token each: tokens (B,) -> logits (B, V), a tensor of the caller's own."""
+    def __call__(self, tokens: Tensor, align: list[Tensor] | None = None) -> Tensor:
+        """Advance rows 0..B-1 by one token each: tokens (B,) -> logits (B, V), a tensor of the caller's own.
+
+        A step that asks for alignment (`FrozenTransformer.decode_step`) runs the recorded step eagerly: the
+        graphs hold no attention weights.
+        """
         B = tokens.shape[0]
         b = self.bucket(B)
         if tokens.data_ptr() != self.tokens.data_ptr() or tokens.stride() != self.tokens.stride():
             self.tokens[:B].copy_(tokens)
-        if self.recorded:
+        if align is not None:
+            logits = self.net.decode_step_fixed(self.tokens[:b], self.cache, align)[:B]
+            align[-1] = align[-1][:B]
+        elif self.recorded:
             self.recorded[b].graph.replay()
             logits = self.recorded[b].logits[:B]
         else:

@@ -78,7 +78,8 @@ def step(batch: DecodeBatch) -> list[Event]:
         return []
     n, st = batch.n, batch.state
     seqs = list(batch.seqs.values())
-    logits = batch.forward()  # (n, V)
+    logits, align = batch.forward()  # (n, V), (n,) or None
+    sources = align.tolist() if align is not None else None  # per row, the source position of its new token
     logprobs = _log_probs(logits, seqs)  # (n, V), rows nobody reads left unnormalised
     beams = [s for s in seqs if s.beam > 1]
     everyone_beams = sum(s.beam for s in beams) == n
@@ -92,7 +93,7 @@ def step(batch: DecodeBatch) -> list[Event]:
     if constrained:
         _force_constraints(batch, constrained, logits, tokens)
     if beams and logprobs is not None:  # (beam rows always have log-probs)
-        _beam_step(batch, beams, logprobs, tokens)
+        _beam_step(batch, beams, logprobs, tokens, sources)
     batch.record(tokens)
     # token log-probs, read for rows outside beam search; NaN where the sequence asked for no scores. Tokens and
     # log-probs come to the host in one transfer (float64 holds every token id exactly): each is a device sync.
@@ -105,7 +106,7 @@ def step(batch: DecodeBatch) -> list[Event]:
         token_ids, chosen = tokens.tolist(), [math.nan] * n
     for r in (s.rows[0] for s in seqs if s.beam == 1 and not s.config.scores):
         chosen[r] = math.nan
-    events, done = _collect(seqs, token_ids, chosen, batch.cfg.eos_id)
+    events, done = _collect(seqs, token_ids, chosen, batch.cfg.eos_id, sources)
     if done:
         batch.remove(done)
     return events
@@ -129,7 +130,8 @@ def _log_probs(logits: Tensor, seqs: list[Sequence]) -> Tensor | None:
     return out
 
 
-def _beam_step(batch: DecodeBatch, beams: list[Sequence], logprobs: Tensor, tokens: Tensor) -> None:
+def _beam_step(batch: DecodeBatch, beams: list[Sequence], logprobs: Tensor, tokens: Tensor,
+               sources: list[int] | None) -> None:
     """Advance every beam-search sequence: pick the 2k best continuations, keep k, reorder rows.
 
     A sequence's 2k best continuations are among the 2k best tokens of each of its beams, so one top-k per
@@ -147,8 +149,8 @@ def _beam_step(batch: DecodeBatch, beams: list[Sequence], logprobs: Tensor, toke
     new_scores: list[float] = []
     plain = [s for s in beams if s.constraints is None]
     constrained = [s for s in beams if s.constraints is not None]
-    chosen = _advance_constrained(constrained, st.score, logprobs, top_logprobs, top_tokens, batch.cfg.eos_id) \
-        if constrained else []
+    chosen = _advance_constrained(constrained, st.score, logprobs, top_logprobs, top_tokens, batch.cfg.eos_id,
+                                  sources) if constrained else []
     for seq, picks in zip(constrained, chosen, strict=True):
         for b, (beam, token, score) in enumerate(picks):
             src_rows.append(seq.rows[beam])
@@ -166,7 +168,7 @@ def _beam_step(batch: DecodeBatch, beams: list[Sequence], logprobs: Tensor, toke
         scores, ids, toks = torch.stack([top_scores.double(), top_ids.double(), cand_tokens.double()]).tolist()
         for j, seq in enumerate(group):
             cands = [(int(i) // c, int(t)) for i, t in zip(ids[j], toks[j], strict=True)]
-            picks = _advance_beams(seq, scores[j], cands, batch.cfg.eos_id)
+            picks = _advance_beams(seq, scores[j], cands, batch.cfg.eos_id, sources)
             for b, (beam, token, score) in enumerate(picks):
                 src_rows.append(seq.rows[beam])
                 dst_rows.append(seq.rows[b])
@@ -185,9 +187,8 @@ def _beam_step(batch: DecodeBatch, beams: list[Sequence], logprobs: Tensor, toke
     st.score[rows] = down[2 * R : 3 * R].float()
 
 
-def _advance_beams(seq: Sequence, scores: list[float], cands: list[tuple[int, int]], eos: int) -> list[
-    tuple[int, int, float]
-]:
+def _advance_beams(seq: Sequence, scores: list[float], cands: list[tuple[int, int]], eos: int,
+                   sources: list[int] | None) -> list[tuple[int, int, float]]:
     """Host bookkeeping of one beam sequence: finished hypotheses, and the k beams that go on."""
     k, lpen = seq.beam, seq.config.length_penalty
     picks: list[tuple[int, int, float]] = []
@@ -195,14 +196,25 @@ def _advance_beams(seq: Sequence, scores: list[float], cands: list[tuple[int, in
         if token == eos:
             if rank < k:
                 hyp = seq.tokens[beam]
-                _add_hyp(seq, Hypothesis(list(hyp), score / (len(hyp) + 1) ** lpen, "eos"))
+                _add_hyp(seq, Hypothesis(list(hyp), score / (len(hyp) + 1) ** lpen, "eos", _alignment(seq, beam)))
         else:
             picks.append((beam, token, score))
         if len(picks) == k:
             break
-    seq.tokens = [seq.tokens[b] + [t] for b, t, _ in picks]
+    _extend(seq, [(b, t) for b, t, _ in picks], sources)
     seq.scores = [s for _, _, s in picks]
     return picks
+
+
+def _alignment(seq: Sequence, beam: int) -> list[int] | None:
+    return list(seq.aligns[beam]) if seq.aligns is not None else None
+
+
+def _extend(seq: Sequence, picks: list[tuple[int, int]], sources: list[int] | None) -> None:
+    """The beams that go on, (beam they continue, token) each: their tokens and, when kept, alignments."""
+    if seq.aligns is not None and sources is not None:
+        seq.aligns = [seq.aligns[b] + [sources[seq.rows[b]]] for b, _ in picks]
+    seq.tokens = [seq.tokens[b] + [t] for b, t in picks]
 
 
 def _force_constraints(batch: DecodeBatch, seqs: list[Sequence], logits: Tensor, tokens: Tensor) -> None:
@@ -236,7 +248,7 @@ def _force_constraints(batch: DecodeBatch, seqs: list[Sequence], logits: Tensor,
 
 
 def _advance_constrained(seqs: list[Sequence], score: Tensor, logprobs: Tensor, top_logprobs: Tensor,
-                         top_tokens: Tensor, eos: int) -> list[list[tuple[int, int, float]]]:
+                         top_tokens: Tensor, eos: int, sources: list[int] | None) -> list[list[tuple[int, int, float]]]:
     """One beam-search step of the sentences with constraints (model.constraints.select_beams): per sentence the same
     picks as `_advance_beams` returns, its hypotheses, beams and progress brought up to date.
 
@@ -266,8 +278,8 @@ def _advance_constrained(seqs: list[Sequence], score: Tensor, logprobs: Tensor, 
         lpen = seq.config.length_penalty
         for beam, total in ended:
             hyp = seq.tokens[beam]
-            _add_hyp(seq, Hypothesis(list(hyp), total / (len(hyp) + 1) ** lpen, "eos"))
-        seq.tokens = [seq.tokens[x.beam] + [x.token] for x in picks]
+            _add_hyp(seq, Hypothesis(list(hyp), total / (len(hyp) + 1) ** lpen, "eos", _alignment(seq, beam)))
+        _extend(seq, [(x.beam, x.token) for x in picks], sources)
         seq.scores = [x.score for x in picks]
         seq.progress = [x.progress for x in picks]
         out.append([(x.beam, x.token, x.score) for x in picks])
@@ -292,9 +304,8 @@ def _beam_done(seq: Sequence) -> bool:
     return seq.hyps[-1].score >= best
 
 
-def _collect(seqs: list[Sequence], tokens: list[int], logprobs: list[float], eos: int) -> tuple[
-    list[Event], list[Sequence]
-]:
+def _collect(seqs: list[Sequence], tokens: list[int], logprobs: list[float], eos: int,
+             sources: list[int] | None) -> tuple[list[Event], list[Sequence]]:
     """Turn the step's tokens into events; returns them and the sequences that finished."""
     events: list[Event] = []
     done: list[Sequence] = []
@@ -309,12 +320,14 @@ def _collect(seqs: list[Sequence], tokens: list[int], logprobs: list[float], eos
             if seq.constraints is not None:
                 seq.progress[0] = seq.constraints.advance(seq.progress[0], tok)
             if tok == eos:
-                finished = [Hypothesis(seq.tokens[0], seq.scores[0], "eos")]
+                finished = [Hypothesis(seq.tokens[0], seq.scores[0], "eos", _alignment(seq, 0))]
             else:
                 seq.tokens[0].append(tok)
+                if seq.aligns is not None and sources is not None:
+                    seq.aligns[0].append(sources[r])
                 events.append(TokenEvent(*seq.key, tok, logprob))
                 length = seq.n_gen >= seq.max_new
-                finished = [Hypothesis(seq.tokens[0], seq.scores[0], "length")] if length else None
+                finished = [Hypothesis(seq.tokens[0], seq.scores[0], "length", _alignment(seq, 0))] if length else None
         if finished is not None:
             events.append(FinishEvent(*seq.key, finished, finished[0].finish_reason))
             done.append(seq)
@@ -331,11 +344,11 @@ def _finish_beam(seq: Sequence) -> list[Hypothesis] | None:
     met = [c.satisfied(p) for p in seq.progress] if c is not None else [True] * seq.beam
     if not any(met) and not seq.hyps:  # the length budget could not hold the constraints: better than nothing
         met = [True] * seq.beam
-    for toks, score, ok in zip(seq.tokens, seq.scores, met, strict=True):
+    for beam, (toks, score, ok) in enumerate(zip(seq.tokens, seq.scores, met, strict=True)):
         if not ok:
             continue
         # scored as if closed by an end-of-sentence, like transformers' forced_eos_token_id (Marian)
-        _add_hyp(seq, Hypothesis(toks, score / (len(toks) + 1) ** lpen, "length"))
+        _add_hyp(seq, Hypothesis(toks, score / (len(toks) + 1) ** lpen, "length", _alignment(seq, beam)))
     return seq.hyps[: seq.config.num_hypotheses]
 
 

@@ -47,15 +47,16 @@ def model_fingerprint(directory: Path) -> str:
 
 
 def encode(entry: Entry) -> str:
-    body = {"h": [[h.tokens, h.score, h.finish_reason] for h in entry.hypotheses], "f": entry.finish_reason,
-            "l": list(entry.logprobs) if entry.logprobs is not None else None, "s": entry.size}
+    body = {"h": [[h.tokens, h.score, h.finish_reason, h.alignment] for h in entry.hypotheses],
+            "f": entry.finish_reason, "l": list(entry.logprobs) if entry.logprobs is not None else None,
+            "s": entry.size}
     return f"{entry.rank}{json.dumps(body, separators=(',', ':'))}"  # NaN scores travel as NaN (json allows it)
 
 
 def decode(raw: bytes) -> Entry:
     body = json.loads(raw[1:])
     logprobs = body["l"]
-    return Entry([Hypothesis(tokens, score, reason) for tokens, score, reason in body["h"]], body["f"],
+    return Entry([Hypothesis(*h) for h in body["h"]], body["f"],
                  tuple(logprobs) if logprobs is not None else None, body["s"])
 
 

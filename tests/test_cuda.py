@@ -71,7 +71,7 @@ def first_step_logits(loaded: checkpoint.LoadedModel, texts: list[str]) -> torch
     sources = [loaded.tokenizer.encode(t) for t in texts]
     batch = DecodeBatch(loaded.net, len(sources), max(map(len, sources)), 4)
     batch.admit([((0, i), src, loaded.generation) for i, src in enumerate(sources)])
-    return batch.forward()
+    return batch.forward()[0]
 
 
 # --- the engine ----------------------------------------------------------------------------------------------------
