@@ -77,6 +77,27 @@ class Tokenizer:
         ids = self.prefix + ids
         return ids + [self._source_id(self.eos_id)] if self.add_eos or not ids else ids
 
+    def source_pieces(self, ids: list[int]) -> list[str]:
+        """Source model ids -> their SentencePiece pieces (a word starts at a piece that starts with U+2581)."""
+        table = self.source_vocab if self.source_vocab is not None else self.vocab
+        if table is not None:
+            return [table[i] for i in ids]
+        return [self.source.id_to_piece(i) for i in ids]
+
+    def source_words(self, ids: list[int]) -> list[int]:
+        """For each source id, the index of the whitespace-separated word of the text it came from; -1 for tokens
+        that are no word's (end-of-sentence, a start token, a multilingual model's >>xxx<< language token)."""
+        specials = {*self.prefix, self._source_id(self.eos_id)}
+        out, word = [], -1
+        for i, piece in zip(ids, self.source_pieces(ids), strict=True):
+            if i in specials or piece in MARIAN_SPECIAL or (piece.startswith(">>") and piece.endswith("<<")):
+                out.append(-1)
+                continue
+            if piece.startswith("\u2581") or word < 0:
+                word += 1
+            out.append(word)
+        return out
+
     def pieces(self, ids: list[int]) -> list[str]:
         if self.vocab is not None:
             return [self.vocab[i] for i in ids]

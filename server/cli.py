@@ -190,9 +190,9 @@ def translate(args: argparse.Namespace) -> int:
     for lines in _chunks(iter(sys.stdin), args.batch_lines):
         plan = make_plan(lines, tok, html=False, max_source_tokens=max_src)
         hyps = generate(loaded.net, plan.sources, config, max_rows=args.rows) if plan.sources else []
-        translations = {i: tok.decode(h[0].tokens) for i, h in enumerate(hyps)}
+        best = {i: h[0] for i, h in enumerate(hyps)}
         for t in range(len(lines)):
-            print(join(plan, t, translations), flush=False)
+            print(join(plan, t, best, tok), flush=False)
         sys.stdout.flush()
     return 0
 

@@ -16,11 +16,12 @@ from html import escape
 
 from model.events import FinishEvent, Hypothesis, TokenEvent
 from model.tokenizer import IncrementalDetokenizer, Tokenizer
+from server import inline
 from server.errors import ShuttingDown
 from server.glossaries import Glossary
 from server.jobs import Job
 from server.placeholders import Masked, find, mask, unmask
-from server.text import Part, Sentence, fit, split_html, split_text
+from server.text import Part, Sentence, fit, split_html, split_sentences, split_text
 
 
 @dataclass
@@ -37,6 +38,7 @@ class Plan:
     masks: dict[int, Masked] = field(default_factory=dict)  # the sentences that hold placeholders
     # by sentence, a glossary's terms found there: each a list of alternative target-token sequences
     constraints: dict[int, list[list[list[int]]]] = field(default_factory=dict)
+    markup: dict[int, inline.Aligned] = field(default_factory=dict)  # sentences that carry inline HTML elements
 
     def sentence_constraints(self) -> list[list[list[list[int]]]] | None:
         """Each sentence's constraints for the scheduler, or None when no sentence has any."""
@@ -48,6 +50,18 @@ class Plan:
         """A sentence's translation with its placeholders put back."""
         masked = self.masks.get(sentence)
         return translation if masked is None else unmask(masked, translation)
+
+    def render(self, sentence: int, hyp: Hypothesis, tokenizer: Tokenizer) -> str:
+        """A sentence's output as it goes into its text: placeholders and inline elements back, escaped in HTML."""
+        markup = self.markup.get(sentence)
+        if markup is not None:
+            return inline.render(markup, self.masks.get(sentence), hyp.tokens, hyp.alignment, tokenizer)
+        text = self.restore(sentence, tokenizer.decode(hyp.tokens))
+        return escape(text, quote=False) if self.html else text
+
+    def held(self, sentence: int) -> bool:
+        """Whether the sentence's text is known only when it is finished (it has placeholders or markup)."""
+        return sentence in self.masks or sentence in self.markup
 
     def input_tokens(self, text: int) -> int:
         return sum(len(self.sources[s]) for s in self.texts[text].sentences)
@@ -85,27 +99,50 @@ def make_plan(
                 plan.constraints[len(plan.sources)] = terms
         plan.sources.append(encode(sentence))
 
+    def add_block(tp: TextPlan, block: inline.Block) -> bool:
+        """A block with inline markup as sentences that carry it; False (nothing added) if one is too long."""
+        laid = inline.layout(block, split_sentences)
+        masks = {i: mask(p.text) for i, p in enumerate(laid) if isinstance(p, inline.Marked)}
+        if any(too_long(m.text) for m in masks.values()):
+            return False
+        for i, p in enumerate(laid):
+            if isinstance(p, str):
+                tp.parts.append(p)
+                continue
+            masked = masks[i]
+            add(tp, masked.text, None if masked.empty else masked)
+            plan.markup[len(plan.sources) - 1] = inline.aligned(
+                p, None if masked.empty else masked, plan.sources[-1], tokenizer, block.standins)
+        return True
+
+    def add_node(tp: TextPlan, is_text: bool, content: str) -> None:
+        """A text node (or a plain text) sentence by sentence; markup as it is."""
+        for part in split_text(content) if is_text else [content]:
+            if isinstance(part, str):
+                tp.parts.append(part)
+                continue
+            masked = mask(part.text) if placeholders else None
+            if masked is not None and not masked.empty and not too_long(masked.text):
+                add(tp, masked.text, masked)
+                continue
+            # Too long with placeholders: cut at them (copied as they are), so no cut falls inside one.
+            chunks = _cut_at_placeholders(part.text) if masked is not None and not masked.empty else [part]
+            for chunk in chunks:
+                for piece in fit(chunk.text, too_long) if isinstance(chunk, Sentence) else [chunk]:
+                    if isinstance(piece, str):  # text of the page in HTML: escaped, as translations are
+                        tp.parts.append(escape(piece, quote=False) if html else piece)
+                    else:
+                        add(tp, piece.text, None)
+
     for text in texts:
-        segments = split_html(text) if html else [(True, text)]
+        blocks = inline.blocks(split_html(text)) if html else [inline.Block(text, [], {}, [(True, text)])]
         tp = TextPlan([])
-        for is_text, content in segments:
-            parts = split_text(content) if is_text else [content]
-            for part in parts:
-                if isinstance(part, str):
-                    tp.parts.append(part)
-                    continue
-                masked = mask(part.text) if placeholders else None
-                if masked is not None and not masked.empty and not too_long(masked.text):
-                    add(tp, masked.text, masked)
-                    continue
-                # Too long with placeholders: cut at them (copied as they are), so no cut falls inside one.
-                chunks = _cut_at_placeholders(part.text) if masked is not None and not masked.empty else [part]
-                for chunk in chunks:
-                    for piece in fit(chunk.text, too_long) if isinstance(chunk, Sentence) else [chunk]:
-                        if isinstance(piece, str):  # text of the page in HTML: escaped, as translations are
-                            tp.parts.append(escape(piece, quote=False) if html else piece)
-                        else:
-                            add(tp, piece.text, None)
+        for block in blocks:
+            if isinstance(block, str):
+                tp.parts.append(block)
+            elif not (block.marked and add_block(tp, block)):
+                for is_text, content in block.segments:
+                    add_node(tp, is_text, content)
         plan.texts.append(tp)
     return plan
 
@@ -130,16 +167,10 @@ def _words(chunk: str) -> list[Part]:
     return [x for x in (head, Sentence(core), tail) if x]
 
 
-def join(plan: Plan, text: int, translations: Mapping[int, str]) -> str:
+def join(plan: Plan, text: int, translations: Mapping[int, Hypothesis], tokenizer: Tokenizer) -> str:
     """One text's output: its literals with each sentence replaced by its translation."""
-    out = []
-    for p in plan.texts[text].parts:
-        if isinstance(p, str):
-            out.append(p)
-        else:
-            translation = plan.restore(p, translations[p])
-            out.append(escape(translation, quote=False) if plan.html else translation)
-    return "".join(out)
+    return "".join(p if isinstance(p, str) else plan.render(p, translations[p], tokenizer)
+                   for p in plan.texts[text].parts)
 
 
 def finish_reason(reasons: list[str]) -> str:
@@ -189,9 +220,9 @@ class TextStream:
         return self._drain()
 
     def finish(self, sentence: int, best: Hypothesis) -> list[Piece]:
-        if sentence in self.plan.masks:
+        if self.plan.held(sentence):
             self.pushed[sentence] = len(best.tokens)
-            text = self.plan.restore(sentence, self.tokenizer.decode(best.tokens))
+            text = self.plan.render(sentence, best, self.tokenizer)
             self.buffered[sentence] = [Piece(text, None, None)] if text else []
             self.finished.add(sentence)
             return self._drain()
@@ -199,17 +230,20 @@ class TextStream:
             self._push(sentence, token, None)
         tail = self.detok[sentence].flush()
         if tail:
-            self.buffered[sentence].append(Piece(tail, None, None))
+            self.buffered[sentence].append(Piece(self._escaped(tail), None, None))
         self.finished.add(sentence)
         return self._drain()
 
+    def _escaped(self, text: str) -> str:
+        return escape(text, quote=False) if self.html else text
+
     def _push(self, sentence: int, token: int, logprob: float | None) -> None:
         self.pushed[sentence] += 1
-        if sentence in self.plan.masks:  # held back until finish() puts the placeholders back
+        if self.plan.held(sentence):  # held back until finish() puts the placeholders and markup back
             return
         text = self.detok[sentence].push(token)
         if text:
-            self.buffered[sentence].append(Piece(text, token, logprob))
+            self.buffered[sentence].append(Piece(self._escaped(text), token, logprob))
 
     def _drain(self) -> list[Piece]:
         out: list[Piece] = []
@@ -220,8 +254,7 @@ class TextStream:
                 self.cursor += 1
                 continue
             for piece in self.buffered[part]:
-                text = escape(piece.text, quote=False) if self.html else piece.text
-                out.append(Piece(self.pending + text, piece.token, piece.logprob))
+                out.append(Piece(self.pending + piece.text, piece.token, piece.logprob))
                 self.pending = ""
             self.buffered[part] = []
             if part not in self.finished:
@@ -312,11 +345,10 @@ class Translation:
     def _result(self, t: int, finished: Mapping[int, FinishEvent], text: str | None = None) -> TextResult:
         sentences = self.plan.texts[t].sentences
         nbest = {s: finished[s].hypotheses for s in sentences}
-        decode = self.tokenizer.decode
         if text is None:  # a stream passes the text it sent
-            text = join(self.plan, t, {s: decode(h[0].tokens) for s, h in nbest.items()})
+            text = join(self.plan, t, {s: h[0] for s, h in nbest.items()}, self.tokenizer)
         alternatives = [
-            join(self.plan, t, {s: decode(h[min(j, len(h) - 1)].tokens) for s, h in nbest.items()})
+            join(self.plan, t, {s: h[min(j, len(h) - 1)] for s, h in nbest.items()}, self.tokenizer)
             for j in range(1, self.alternatives + 1)
         ]
         return TextResult(

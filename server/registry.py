@@ -135,7 +135,9 @@ class ServedModel:
                                            prefix=prefix, glossary=glossary)
             job = None
             if plan.sources:
-                job = self.scheduler.submit(plan.sources, [config] * len(plan.sources), stream=stream,
+                aligned = config.update(alignment=True) if plan.markup else config  # placing inline markup
+                configs = [aligned if s in plan.markup else config for s in range(len(plan.sources))]
+                job = self.scheduler.submit(plan.sources, configs, stream=stream,
                                             timeout=timeout, constraints=plan.sentence_constraints())
         finally:
             self.active -= 1

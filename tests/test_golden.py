@@ -8,6 +8,7 @@ import pytest
 
 from model import checkpoint
 from model.search import generate
+from server.plan import join, make_plan
 
 WEIGHTS = Path(__file__).resolve().parents[1] / "weights"
 SHIPPED = WEIGHTS / "en-pt"
@@ -32,6 +33,19 @@ GOLDEN_PT_EN = {
     "Por favor, digite sua senha para continuar.": "Please enter your password to continue.",
     "Este pacote fornece uma ferramenta de linha de comando para converter imagens.":
         "This package provides a command line tool to convert images.",
+}
+
+
+# Inline elements translated with their sentence and put back around the words aligned with theirs (format html)
+GOLDEN_HTML = {
+    "<p>This is a <strong>very important</strong> message for all users.</p>":
+        "<p>Esta é uma mensagem <strong>muito importante</strong> para todos os usuários.</p>",
+    '<li><a href="x">Delete <em>all</em> files</a> in the folder.</li>':
+        '<li><a href="x">Excluir <em>todos</em> os arquivos</a> na pasta.</li>',
+    "<p>The file <code>config.toml</code> could not be saved.</p>":
+        "<p>Não foi possível salvar o arquivo <code>config.toml</code>.</p>",
+    "<p>Select <b>File &gt; Save As</b> to save a copy of the document.</p>":
+        "<p>Selecione <b>Arquivo &gt; Salvar como</b> salvar uma cópia do documento.</p>",
 }
 
 
@@ -71,3 +85,13 @@ def test_golden_translations_pt_en(shipped_pt_en: checkpoint.LoadedModel, beam_s
     sources = [m.tokenizer.encode(s) for s in GOLDEN_PT_EN]
     got = [m.tokenizer.decode(h[0].tokens) for h in generate(m.net, sources, m.generation.update(beam_size=beam_size))]
     assert dict(zip(GOLDEN_PT_EN, got, strict=True)) == GOLDEN_PT_EN
+
+
+def test_golden_inline_html(shipped: checkpoint.LoadedModel) -> None:
+    pages = list(GOLDEN_HTML)
+    plan = make_plan(pages, shipped.tokenizer, html=True, max_source_tokens=256)
+    aligned = shipped.generation.update(alignment=True)
+    configs = [aligned if s in plan.markup else shipped.generation for s in range(len(plan.sources))]
+    best = {s: h[0] for s, h in enumerate(generate(shipped.net, plan.sources, configs))}
+    got = [join(plan, t, best, shipped.tokenizer) for t in range(len(pages))]
+    assert dict(zip(pages, got, strict=True)) == GOLDEN_HTML
