@@ -3,7 +3,8 @@
 An Argos package is a zip (`.argosmodel`) of one folder: metadata.json (from_code, to_code, package_version, ...),
 model/ (a CTranslate2 model, `model.ct2_import`), sentencepiece.model (one model for both sides), README.md and
 sentence-splitting data Tolk does not need. The package index (index.json, a list of such metadata with `links`)
-is the one argostranslate reads; TOLK_ARGOS_INDEX names another (file:// and http:// work).
+is the one argostranslate reads; TOLK_ARGOS_INDEX names another (file:// and http:// work). An imported package
+decodes as argostranslate decodes it (ARGOS_GENERATION, written as the model's generation.json).
 
 Everything is written beside its destination and renamed into place: a failed import or pull leaves nothing
 half-written there. Downloads go to the user's cache (XDG_CACHE_HOME/tolk/argos), where an interrupted one resumes.
@@ -37,6 +38,10 @@ DEFAULT_INDEX = "https://raw.githubusercontent.com/argosopentech/argospm-index/m
 CODES = {"pb": "pt-BR", "zt": "zh-Hant"}  # Argos's own codes, as standard tags
 CHUNK = 1 << 20
 MAX_UNPACKED = 16 << 30  # bytes a package may unpack to: a zip bomb is refused before it fills the disk
+# How argostranslate (so LibreTranslate) decodes a package: translate.py calls CTranslate2's translate_batch with
+# beam_size=max(num_hypotheses, 4) and length_penalty=0.2, leaving min_decoding_length at CTranslate2's 1 (never an
+# empty translation). Written as the import's generation.json, so that the same package gives the same sentences.
+ARGOS_GENERATION = {"beam_size": 4, "length_penalty": 0.2, "min_new_tokens": 1}
 
 
 def write_aside(out: Path, build: Callable[[Path], Path | None], force: bool = False) -> Path:
@@ -111,7 +116,7 @@ def import_package(root: Path, out: Path, name: str | None = None) -> Path:
     readme = root / "README.md"
     card = (f"Argos package {meta['from_code']} -> {meta['to_code']}, version {meta.get('package_version', '?')}."
             "\n\n" + (readme.read_text(encoding="utf-8") if readme.is_file() else ""))
-    return import_ct2(root / "model", out, info, (sp, sp), card=card)
+    return import_ct2(root / "model", out, info, (sp, sp), ARGOS_GENERATION, card=card)
 
 
 def import_any(src: Path, out: Path, name: str | None = None, source_language: str | None = None,
