@@ -387,6 +387,11 @@ def render(a: Aligned, masked: Masked | None, tokens: list[int], alignment: Sequ
     text, spans = _token_spans(tokens, tokenizer)
     marks = a.marked.marks
     ranges = _ranges(a, text, spans, alignment)
+    shown = set(masked.masks) if masked is not None else set()
+    for x, y in ((m.start(), m.end()) for mask in shown for m in re.finditer(re.escape(mask), text)):
+        for r in ranges:  # a tag never goes inside a placeholder: out to its edge, around it
+            r[0] = x if x < r[0] < y else r[0]
+            r[1] = y if x < r[1] < y else r[1]
     inserts: list[tuple[int, int, float, str]] = []  # at one place: closes, inner first, then opens, outer first
     for m, (lo, hi) in zip(marks, ranges, strict=True):
         if m.open is not None and m.close is not None and lo == hi:  # empty: inside the elements closing there

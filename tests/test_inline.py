@@ -102,3 +102,11 @@ def test_an_element_inside_another_stays_inside_it() -> None:
     alignment = [0, 0, 4, 4, 14, 14, 14, 14, 14, 14, 14]  # A: one, B: two, the rest: four
     out = join(plan, 0, {0: Hypothesis(CHARS.encode(translation), 0.0, "eos", alignment)}, CHARS)
     assert out == "<p>A <b>B<i></i></b> C D E F</p>"
+
+
+def test_an_element_inside_a_placeholder_goes_around_it() -> None:
+    """The placeholder stays whole and comes back once: the element widens to its edges."""
+    plan = make_plan(['<p>Match { $<b>index</b> } of { $<a href="#">total</a> }</p>'], CHARS, html=True,
+                     max_source_tokens=200)
+    out = join(plan, 0, identity(plan), CHARS)
+    assert out == '<p>Match <b>{ $index }</b> of <a href="#">{ $total }</a></p>'
