@@ -16,6 +16,7 @@ sentences are too long for the model. Line breaks inside a block's sentences rea
 
 from __future__ import annotations
 
+import bisect
 import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -342,15 +343,32 @@ def _word_range(text: str, lo: int, hi: int, source: str) -> tuple[int, int]:
     return lo, hi
 
 
+def _densest_run(hits: list[tuple[int, int]], starts: list[int]) -> list[tuple[int, int]]:
+    """The hits in the run of adjacent words that holds the most of them: an element is one stretch of words, and a
+    word aligned with it far from the others is the alignment's noise, not a reason to take in all between."""
+    by_word: dict[int, list[tuple[int, int]]] = {}
+    for h in hits:
+        by_word.setdefault(bisect.bisect_right(starts, h[0]) - 1, []).append(h)
+    best: list[tuple[int, int]] = []
+    run: list[tuple[int, int]] = []
+    for w in sorted(by_word):
+        run = run + by_word[w] if w - 1 in by_word and run else by_word[w]
+        if len(run) > len(best):
+            best = run
+    return best
+
+
 def _ranges(a: Aligned, text: str, spans: list[tuple[int, int]], alignment: Sequence[int] | None
             ) -> list[list[int]]:
     """Where each mark's element goes in the translation, [lo, hi), nested as the elements are in the source."""
     marks, length = a.marked.marks, max(len(a.marked.text), 1)
     usable = a.cover is not None and alignment is not None and len(alignment) == len(spans)
+    starts = [m.start() for m in re.finditer(r"\S+", text)]
     ranges: list[list[int]] = []
     for n, m in enumerate(marks):
         hits = [spans[k] for k, s in enumerate(alignment or ()) if usable and a.cover is not None
                 and s in a.cover[n] and spans[k][0] < spans[k][1]]
+        hits = _densest_run(hits, starts)
         if hits:
             lo, hi = min(x for x, _ in hits), max(y for _, y in hits)
         else:  # nothing aligned with its words: where its middle falls, by relative position
