@@ -78,6 +78,11 @@ def inside(out: str, target: str) -> bool | None:
     return bold is not None and re.search(rf"\b{re.escape(target)}\b", bold.group(1), re.IGNORECASE) is not None
 
 
+def bold_words(document: str) -> int:
+    bold = re.search(r"<b>(.*?)</b>", document, re.DOTALL)
+    return len(text_of(bold.group(1)).split()) if bold else 0
+
+
 def translate(loaded: checkpoint.LoadedModel, sources: list[list[int]], configs: list[GenerationConfig]
               ) -> tuple[list[Hypothesis], float]:
     start = time.perf_counter()
@@ -146,6 +151,8 @@ def main() -> None:
                                          / len(pages), 2),
                 "term_inside_its_element_pct": round(100 * sum(known) / max(len(known), 1), 2),
                 "elements_checked": len(known),
+                "words_in_b_per_source_word": round(sum(bold_words(o) for o in outs)
+                                                    / max(sum(bold_words(d) for d in pages), 1), 3),
                 "chrf_text": chrf([text_of(o) for o in outs], refs)}
 
     result = {
@@ -167,7 +174,9 @@ def main() -> None:
     print(f"{'':<44}{'node by node':>14}{'in context':>12}")
     for key, name in (("well_formed_pct", "pages with every tag once, nested (%)"),
                       ("term_inside_its_element_pct", "term's translation inside its <b> (%)"),
-                      ("elements_checked", "  elements checked"), ("chrf_text", "chrF of the pages' text")):
+                      ("elements_checked", "  elements checked"),
+                      ("words_in_b_per_source_word", "words in <b> per source word"),
+                      ("chrf_text", "chrF of the pages' text")):
         print(f"{name:<44}{result['node_by_node'][key]!s:>14}{result['in_context'][key]!s:>12}")  # type: ignore[index]
     print(f"\nchrF of the sentences without markup: {result['plain_sentences_chrf']}; in context, text equal to "
           f"theirs: {result['in_context_text_equals_plain_pct']}%")

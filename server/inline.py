@@ -36,7 +36,10 @@ _NO = re.compile(r"""\stranslate\s*=\s*["']?no(?:["'\s/>])""", re.IGNORECASE)
 _STANDIN = re.compile(r"<x\d+/>")
 _LEADING = "([{\"'\u00ab\u201c\u2018\u00bf\u00a1"  # punctuation kept outside an element that starts at a word
 _TRAILING = ".,;:!?)]}\"'\u00bb\u201d\u2019\u2026"
-_MARKER = 0xF0000  # private-use characters stand for tags inside a translation until it is escaped
+_MARKER = 0xF0000
+# An element goes around the best run of aligned words that are at most this many words apart (bench/inline_markup.py:
+# runs of adjacent words only kept the term inside fewer elements, the first to the last aligned word took in more)
+GAP = 1  # private-use characters stand for tags inside a translation until it is escaped
 
 
 @dataclass
@@ -344,18 +347,26 @@ def _word_range(text: str, lo: int, hi: int, source: str) -> tuple[int, int]:
 
 
 def _densest_run(hits: list[tuple[int, int]], starts: list[int]) -> list[tuple[int, int]]:
-    """The hits in the run of adjacent words that holds the most of them: an element is one stretch of words, and a
-    word aligned with it far from the others is the alignment's noise, not a reason to take in all between."""
+    """The hits in the run of words (GAP words apart at most) that holds the most of them: an element is one stretch
+    of words, and a word aligned with it far from the others is the alignment's noise, not a reason to take in all
+    between."""
     by_word: dict[int, list[tuple[int, int]]] = {}
     for h in hits:
         by_word.setdefault(bisect.bisect_right(starts, h[0]) - 1, []).append(h)
     best: list[tuple[int, int]] = []
     run: list[tuple[int, int]] = []
+    last = -9
     for w in sorted(by_word):
-        run = run + by_word[w] if w - 1 in by_word and run else by_word[w]
-        if len(run) > len(best):
+        run = run + by_word[w] if w - last <= GAP + 1 and run else by_word[w]
+        last = w
+        if _weight(run) > _weight(best):
             best = run
     return best
+
+
+def _weight(hits: list[tuple[int, int]]) -> tuple[int, int]:
+    """Tokens, then characters: of two runs alike in tokens, the longer words (an article loses to its noun)."""
+    return len(hits), sum(y - x for x, y in hits)
 
 
 def _ranges(a: Aligned, text: str, spans: list[tuple[int, int]], alignment: Sequence[int] | None

@@ -115,7 +115,7 @@ def test_an_element_inside_a_placeholder_goes_around_it() -> None:
 def test_a_stray_aligned_word_does_not_stretch_an_element() -> None:
     """Words aligned with the element far apart: it goes around the densest run of them, not all in between."""
     plan = make_plan(["<p>one <b>two three</b> four five</p>"], CHARS, html=True, max_source_tokens=200)
-    translation = "A B C D E"  # A: one, B C: two three, D: four, E: two again (the alignment's noise)
-    alignment = [0, 0, 4, 0, 8, 0, 14, 0, 4]
+    translation = "A B C D E F"  # A: one, B C: two three, D E: four five, F: two again (the alignment's noise)
+    alignment = [0, 0, 4, 0, 8, 0, 14, 0, 19, 0, 4]
     out = join(plan, 0, {0: Hypothesis(CHARS.encode(translation), 0.0, "eos", alignment)}, CHARS)
-    assert out == "<p>A <b>B C</b> D E</p>"
+    assert out == "<p>A <b>B C</b> D E F</p>"
