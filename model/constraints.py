@@ -31,6 +31,10 @@ from dataclasses import dataclass
 # Nats: a greedy row starts a constraint whose first token scores this close to the model's best choice, so a term
 # the model nearly chose goes where the model was about to write its own word, not at the end of the sentence.
 START_MARGIN = 2.0
+# Nats: the same, wider, once the row has attended to the term's own source words for two steps running (when the
+# constraint knows them): the model is translating that term now, whatever word of its own it prefers for it. (One
+# step is not enough: an article or preposition before the noun already looks at the noun's source word.)
+ALIGNED_MARGIN = 8.0
 # A sentence's constraints must be met within this many target tokens per source token (plus the constraints' own):
 # beams that wander without meeting them are forced back before they run to max_new_tokens.
 LENGTH_RATIO = 2
@@ -55,12 +59,17 @@ class Constraints:
     """The constraints of one sentence, each a list of alternative non-empty token sequences, to appear in the
     output (one alternative of each)."""
 
-    def __init__(self, terms: Sequence[Term]) -> None:
+    def __init__(self, terms: Sequence[Term], sources: Sequence[Sequence[int]] | None = None) -> None:
+        """`sources`: per constraint, the positions of the source tokens it translates (a glossary term's source
+        words), or None when they are not known."""
         if not terms or any(not alts or any(not a for a in alts) for alts in terms):
             raise ValueError("constraints must be non-empty lists of non-empty token sequences")
         if any(not isinstance(i, int) or i < 0 for alts in terms for a in alts for i in a):
             raise ValueError("constraint tokens must be non-negative integer ids")
+        if sources is not None and len(sources) != len(terms):
+            raise ValueError("need the source positions of every constraint, or none")
         self.terms = [[list(a) for a in alts] for alts in terms]
+        self.sources = [frozenset(x) for x in sources] if sources is not None else None
         self.shortest = [min(len(a) for a in alts) for alts in self.terms]
 
     def start(self) -> Progress:
@@ -107,6 +116,13 @@ class Constraints:
                         p.met, i, j, 1, p.ending)
         return p
 
+    def translating(self, p: Progress, looking: Sequence[int]) -> list[int]:
+        """The first tokens of the unmet constraints whose source words hold every position of `looking`."""
+        if not looking or self.sources is None:
+            return []
+        return [a[0] for alts, met, src in zip(self.terms, p.met, self.sources, strict=True)
+                if not met and all(x in src for x in looking) for a in alts]
+
     def limit(self, src_len: int, max_new: int) -> int:
         """The length by which every constraint must be met."""
         return min(max_new, LENGTH_RATIO * src_len + self.owed(self.start()))
@@ -116,12 +132,13 @@ class Constraints:
         return p.ending or not all(p.met)
 
     def choose(self, p: Progress, token: int, best: float, starts: dict[int, float], budget: int,
-               eos: int) -> tuple[int, Progress]:
+               eos: int, looking: Sequence[int] = ()) -> tuple[int, Progress]:
         """A greedy row's token, the model's `token` (best logit `best`) or a constraint's, and the progress to keep
         until the row's token is recorded (`ending` set when a constraint is forced where the model wanted to end).
 
         `starts`: the logit of each token of `next_tokens(p)`; `budget`: tokens the row may still write, this one
-        included.
+        included; `looking`: the source positions the row attended to most at the previous step and this one, when
+        known.
         """
         if self.satisfied(p):
             return (eos, p) if p.ending else (token, p)
@@ -132,6 +149,11 @@ class Constraints:
         liked = max(starts, key=lambda t: starts[t])
         if token == eos:
             return liked, Progress(p.met, ending=True)
+        here = self.translating(p, looking)
+        if here:  # the row is on a term's source words: its best start, unless the model is far from it
+            mine = max(here, key=lambda t: starts[t])
+            if starts[mine] >= best - ALIGNED_MARGIN:
+                return mine, p
         if self.owed(p) >= budget or starts[liked] >= best - START_MARGIN:
             return liked, p
         return token, p

@@ -115,13 +115,15 @@ class DecodeBatch:
 
     @torch.inference_mode()
     def admit(self, items: list[tuple[SentenceKey, list[int], GenerationConfig]],
-              constraints: Seq[Seq[Term] | None] | None = None) -> None:
+              constraints: Seq[Seq[Term] | None] | None = None,
+              sources: Seq[Seq[Seq[int]] | None] | None = None) -> None:
         """Start decoding (key, source ids, settings) items; raises ValueError if they do not fit.
 
         `constraints`: per item, what must appear in its output (model.constraints: each constraint a list of
-        alternative token sequences), or None.
+        alternative token sequences), or None. `sources`: per item, the source positions each of its constraints
+        translates, or None; a greedy row then starts a term where it attends to the term's words.
         """
-        terms = self._constraints(constraints, len(items))
+        terms = self._constraints(constraints, len(items), sources)
         need = sum(c.beam_size for _, _, c in items)
         if need > self.free_rows:
             raise ValueError(f"{need} rows needed, {self.free_rows} free")
@@ -154,6 +156,8 @@ class DecodeBatch:
                 seq.aligns = [[] for _ in rows]
             if c is not None:
                 seq.constraints, seq.progress = c, [c.start() for _ in rows]
+                if c.sources is not None and seq.aligns is None:  # where the row looks, at every step
+                    seq.aligns = [[] for _ in rows]
             self._row_settings(seq, longs, floats)
             self.seqs[key] = seq
             for r in rows:
@@ -162,18 +166,19 @@ class DecodeBatch:
         self.state.fill(start, longs, floats)
         self.n = row
 
-    def _constraints(self, constraints: Seq[Seq[Term] | None] | None, n: int) -> list[Constraints | None]:
+    def _constraints(self, constraints: Seq[Seq[Term] | None] | None, n: int,
+                     sources: Seq[Seq[Seq[int]] | None] | None) -> list[Constraints | None]:
         """Each item's constraints, checked against the vocabulary before anything is encoded."""
         if constraints is None:
             return [None] * n
-        if len(constraints) != n:
-            raise ValueError("need one list of constraints (or None) per item")
+        if len(constraints) != n or (sources is not None and len(sources) != n):
+            raise ValueError("need one list of constraints (or None) per item, and of their sources if any")
         out: list[Constraints | None] = []
-        for terms in constraints:
+        for i, terms in enumerate(constraints):
             if not terms:
                 out.append(None)
                 continue
-            c = Constraints(terms)
+            c = Constraints(terms, sources[i] if sources is not None else None)
             if any(t >= self.cfg.tgt_vocab_size or t == self.cfg.eos_id for t in c.tokens()):
                 raise ValueError("constraint tokens must be target-vocabulary ids other than end-of-sentence")
             out.append(c)

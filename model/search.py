@@ -91,7 +91,7 @@ def step(batch: DecodeBatch) -> list[Event]:
     constrained = [s for s in seqs if s.constraints is not None and s.beam == 1
                    and s.constraints.pending(s.progress[0])]
     if constrained:
-        _force_constraints(batch, constrained, logits, tokens)
+        _force_constraints(batch, constrained, logits, tokens, sources)
     if beams and logprobs is not None:  # (beam rows always have log-probs)
         _beam_step(batch, beams, logprobs, tokens, sources)
     batch.record(tokens)
@@ -217,7 +217,8 @@ def _extend(seq: Sequence, picks: list[tuple[int, int]], sources: list[int] | No
     seq.tokens = [seq.tokens[b] + [t] for b, t in picks]
 
 
-def _force_constraints(batch: DecodeBatch, seqs: list[Sequence], logits: Tensor, tokens: Tensor) -> None:
+def _force_constraints(batch: DecodeBatch, seqs: list[Sequence], logits: Tensor, tokens: Tensor,
+                       sources: list[int] | None) -> None:
     """Greedy and sampled rows with unmet constraints: the model's token, or a constraint's (Constraints.choose).
 
     Their model tokens, best logits and the logits of the tokens that advance their constraints come up in one
@@ -239,7 +240,9 @@ def _force_constraints(batch: DecodeBatch, seqs: list[Sequence], logits: Tensor,
             continue
         scored = dict(zip(nxt, starts, strict=False))
         budget = c.limit(seq.src_len, seq.max_new) - seq.n_gen
-        chosen, seq.progress[0] = c.choose(seq.progress[0], int(token), best, scored, budget, eos)
+        before = seq.aligns[0][-1:] if seq.aligns is not None else []
+        looking = [*before, sources[seq.rows[0]]] if sources is not None and before else []
+        chosen, seq.progress[0] = c.choose(seq.progress[0], int(token), best, scored, budget, eos, looking)
         if chosen != int(token):
             changed.append((seq.rows[0], chosen))
     if changed:
@@ -391,6 +394,7 @@ def generate(
     max_rows: int = 64,
     batch: DecodeBatch | None = None,
     constraints: Seq[Seq[Term] | None] | None = None,
+    constraint_sources: Seq[Seq[Seq[int]] | None] | None = None,
 ) -> list[list[Hypothesis]]:
     """Translate token-id sources; returns the n-best hypotheses of each, best first.
 
@@ -398,7 +402,8 @@ def generate(
     engine. `config` is one setting for all sources, or one per source. Source i decodes under key (0, i).
     `batch`: an empty DecodeBatch to decode in (kept across calls, e.g. for its CUDA graphs) instead of a new one;
     its cache must hold the longest source and output. `constraints`: per source, the constraints its output must
-    meet (each a list of alternative token sequences, model.constraints), or None.
+    meet (each a list of alternative token sequences, model.constraints), or None; `constraint_sources`: per source,
+    the source positions each of its constraints translates (DecodeBatch.admit), or None.
     """
     configs = [config] * len(sources) if isinstance(config, GenerationConfig) else list(config)
     if len(configs) != len(sources):
@@ -419,7 +424,8 @@ def generate(
     while waiting or len(batch):
         count = admissible(((configs[i].beam_size, len(sources[i])) for i in waiting), batch.free_rows)
         admit = [waiting.popleft() for _ in range(count)]
-        batch.admit([((0, i), list(sources[i]), configs[i]) for i in admit], [terms[i] for i in admit])
+        batch.admit([((0, i), list(sources[i]), configs[i]) for i in admit], [terms[i] for i in admit],
+                    [constraint_sources[i] for i in admit] if constraint_sources is not None else None)
         for event in step(batch):
             if isinstance(event, FinishEvent):
                 results[event.key] = event.hypotheses

@@ -228,8 +228,10 @@ class Batcher:
         try:
             sent = [(p, self._records[p.request].submit) for p in items]
             admitted = [((p.request, p.sentence), s.sources[p.sentence], s.configs[p.sentence]) for p, s in sent]
-            if any(s.constraints for _, s in sent):  # a glossary's terms
-                batch.admit(admitted, [s.constraints[p.sentence] if s.constraints else None for p, s in sent])
+            if any(s.constraints for _, s in sent):  # a glossary's terms, and where they are in the sources
+                batch.admit(admitted, [s.constraints[p.sentence] if s.constraints else None for p, s in sent],
+                            [s.constraint_sources[p.sentence] if s.constraint_sources and s.constraints
+                             and s.constraints[p.sentence] else None for p, s in sent])
             else:
                 batch.admit(admitted)
         except Exception as exc:  # these sentences left the queue without reaching the batch

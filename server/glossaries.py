@@ -24,6 +24,7 @@ from pathlib import Path
 
 from model.tokenizer import Tokenizer
 from server.errors import InvalidRequest, NotFound, NotReady, PayloadTooLarge
+from server.placeholders import find
 
 log = logging.getLogger(__name__)
 
@@ -125,30 +126,50 @@ class Glossary:
     def match(self, sentence: str) -> list[str]:
         """The target terms of the source terms found in a sentence, in order, each once: at each word, the longest
         term that starts there (whole words, case aside), then on after it."""
-        words = _words(sentence)
-        found: list[str] = []
+        return [target for target, _ in self._found(sentence)]
+
+    def _found(self, sentence: str) -> list[tuple[str, tuple[int, int]]]:
+        """`match`'s terms, each with the characters of the sentence where it was found first."""
+        spans = [(m.start(), m.end()) for m in WORD.finditer(sentence)]
+        words = list(_words(sentence))
+        for p in find(sentence):  # nothing inside a placeholder is a term ("{ $index }" stays as it is)
+            for i, (a, b) in enumerate(spans):
+                if a < p.start + len(p.text) and p.start < b:
+                    words[i] = ""
+        found: dict[str, tuple[int, int]] = {}
         i = 0
         while i < len(words):
             for term, target in self._terms.get(words[i], ()):
-                if words[i:i + len(term)] == term:
-                    if target not in found:
-                        found.append(target)
+                if tuple(words[i:i + len(term)]) == term:
+                    found.setdefault(target, (spans[i][0], spans[i + len(term) - 1][1]))
                     i += len(term)
                     break
             else:
                 i += 1
-        return found
+        return list(found.items())
 
     def constraints(self, sentence: str, tokenizer: Tokenizer) -> list[list[list[int]]]:
         """What a sentence's translation must contain: per term found, its target form as target tokens, or the same
         with a capital first letter (where the term begins the translation's sentence)."""
-        out = []
-        for term in self.match(sentence):
+        return self.placed(sentence, tokenizer, [])[0]
+
+    def placed(self, sentence: str, tokenizer: Tokenizer, source_ids: list[int]
+               ) -> tuple[list[list[list[int]]], list[list[int]] | None]:
+        """`constraints`, and the positions in `source_ids` (the sentence as the model reads it) of each term's
+        source words; None when the ids' words do not match the sentence's up."""
+        out, where = [], []
+        for term, span in self._found(sentence):
             forms = [term] + ([term[0].upper() + term[1:]] if term[0].islower() else [])
             alternatives = [ids for ids in (target_ids(tokenizer, f) for f in forms) if ids]
             if alternatives:
                 out.append(alternatives)
-        return out
+                where.append(span)
+        of_word = tokenizer.source_words(source_ids) if source_ids else []
+        words = [(m.start(), m.end()) for m in re.finditer(r"\S+", sentence)]
+        if not out or max(of_word, default=-1) + 1 != len(words):
+            return out, None
+        inside = [{w for w, (x, y) in enumerate(words) if x < b and a < y} for a, b in where]
+        return out, [[i for i, w in enumerate(of_word) if w in ws] for ws in inside]
 
 
 @lru_cache(maxsize=16)

@@ -42,6 +42,8 @@ class Submit:
     # per sentence, what its output must contain (a glossary's terms): each term a list of alternative target-token
     # sequences (model.constraints); None: no sentence has any
     constraints: list[list[list[list[int]]]] | None = None
+    # per sentence, the source positions each of its terms translates (None where not known): where to start them
+    constraint_sources: list[list[list[int]] | None] | None = None
 
 
 @dataclass(frozen=True)

@@ -39,12 +39,19 @@ class Plan:
     # by sentence, a glossary's terms found there: each a list of alternative target-token sequences
     constraints: dict[int, list[list[list[int]]]] = field(default_factory=dict)
     markup: dict[int, inline.Aligned] = field(default_factory=dict)  # sentences that carry inline HTML elements
+    where: dict[int, list[list[int]]] = field(default_factory=dict)  # by sentence, its terms' source positions
 
     def sentence_constraints(self) -> list[list[list[list[int]]]] | None:
         """Each sentence's constraints for the scheduler, or None when no sentence has any."""
         if not self.constraints:
             return None
         return [self.constraints.get(i, []) for i in range(len(self.sources))]
+
+    def constraint_sources(self) -> list[list[list[int]] | None] | None:
+        """Each sentence's terms' source positions for the scheduler (None where not known), or None."""
+        if not self.where:
+            return None
+        return [self.where.get(i) for i in range(len(self.sources))]
 
     def restore(self, sentence: int, translation: str) -> str:
         """A sentence's translation with its placeholders put back."""
@@ -94,9 +101,11 @@ def make_plan(
         if masked is not None:
             plan.masks[len(plan.sources)] = masked
         if glossary is not None:
-            terms = glossary.constraints(sentence, tokenizer)
+            terms, where = glossary.placed(sentence, tokenizer, encode(sentence))
             if terms:
                 plan.constraints[len(plan.sources)] = terms
+            if terms and where is not None:
+                plan.where[len(plan.sources)] = where
         plan.sources.append(encode(sentence))
 
     def add_block(tp: TextPlan, block: inline.Block) -> bool:

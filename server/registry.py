@@ -138,7 +138,8 @@ class ServedModel:
                 aligned = config.update(alignment=True) if plan.markup else config  # placing inline markup
                 configs = [aligned if s in plan.markup else config for s in range(len(plan.sources))]
                 job = self.scheduler.submit(plan.sources, configs, stream=stream,
-                                            timeout=timeout, constraints=plan.sentence_constraints())
+                                            timeout=timeout, constraints=plan.sentence_constraints(),
+                                            constraint_sources=plan.constraint_sources())
         finally:
             self.active -= 1
             self.last_used = time.monotonic()

@@ -121,13 +121,15 @@ class Scheduler:
         self._fail_all(ShuttingDown("the server is shutting down"))
 
     def submit(self, sources: list[list[int]], configs: list[GenerationConfig], stream: bool = False,
-               timeout: float | None = None, constraints: list[list[list[list[int]]]] | None = None) -> Job:
+               timeout: float | None = None, constraints: list[list[list[list[int]]]] | None = None,
+               constraint_sources: list[list[list[int]] | None] | None = None) -> Job:
         """Queue a request's sentences; raises NotReady, or Overloaded (429) when the queue is full.
 
         The job fails with 504 after `timeout` seconds (default: the settings' request_timeout). `constraints`: per
         sentence, the terms its translation must contain (each a list of alternative target-token sequences, as
         model.constraints takes them); such a sentence is
-        never answered from, nor kept in, the translation cache.
+        never answered from, nor kept in, the translation cache. `constraint_sources`: per sentence, the source
+        positions of each of its terms, or None.
         """
         if not self.running:
             raise NotReady(f"model {self.name} is not running")
@@ -170,8 +172,9 @@ class Scheduler:
             return job
         timeout = timeout if timeout is not None else self.settings.request_timeout
         terms = [constraints[i] for i in sent] if constraints is not None and any(constraints) else None
+        where = [constraint_sources[i] for i in sent] if terms is not None and constraint_sources is not None else None
         submit = Submit(job.request, [sources[i] for i in sent], [configs[i] for i in sent], stream,
-                        time.monotonic() + timeout, timeout, terms)
+                        time.monotonic() + timeout, timeout, terms, where)
         if not self.transport.send(submit):
             self._forget(job.request)
             raise NotReady(f"model {self.name} is not running")

@@ -160,6 +160,36 @@ def test_greedy_choice_continues_starts_and_forces() -> None:
     assert c.satisfied(q) and c.pending(q) and c.choose(q, 4, 0.0, {}, 10, eos)[0] == eos
 
 
+def test_a_greedy_row_starts_a_term_where_it_attends_to_the_terms_words() -> None:
+    c = Constraints([[[5, 6]], [[9]]], sources=[[3, 4], [7]])
+    p, eos = c.start(), 2
+    far = {5: -7.0, 9: -20.0}  # the model prefers its own word by 7 nats: too far without alignment
+    assert c.choose(p, 4, 0.0, far, 10, eos)[0] == 4
+    assert c.choose(p, 4, 0.0, far, 10, eos, looking=[3, 4])[0] == 5  # two steps on the term's words
+    assert c.choose(p, 4, 0.0, far, 10, eos, looking=[2, 3])[0] == 4  # one step: an article before the noun
+    assert c.choose(p, 4, 0.0, far, 10, eos, looking=[7, 7])[0] == 4  # on the other term, which is far too
+    assert c.choose(p, 4, 0.0, {5: -20.0, 9: -20.0}, 10, eos, looking=[3, 3])[0] == 4  # the model is far from it
+    unknown = Constraints([[[5, 6]], [[9]]])
+    assert unknown.choose(unknown.start(), 4, 0.0, far, 10, eos, looking=[3, 4])[0] == 4  # sources not known
+
+
+def test_rows_with_term_positions_meet_their_constraints_and_leave_others_alone(
+    loaded: checkpoint.LoadedModel, sources: list[list[int]], terms: list[list[int]]
+) -> None:
+    """Term positions (each term said to translate the source's first tokens) change where terms start, never
+    whether they are met, nor any row without constraints."""
+    config = CONFIGS[0]
+    wanted = [single(terms) if i % 2 else None for i in range(len(sources))]
+    where = [[[0, 1, 2]] * len(terms) if i % 2 else None for i in range(len(sources))]
+    together = generate(loaded.net, sources, config, constraints=wanted, constraint_sources=where)
+    alone = generate(loaded.net, sources, config)
+    for i, hyps in enumerate(together):
+        if i % 2:
+            assert all(contains(hyps[0].tokens, t) for t in terms)
+        else:
+            assert hyps[0].tokens == alone[i][0].tokens
+
+
 def test_beam_selection_never_ends_unmet_and_keeps_the_most_advanced() -> None:
     c = Constraints([[[7]]])
     eos = 2

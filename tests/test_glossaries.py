@@ -67,6 +67,27 @@ def test_a_lowercase_term_may_begin_a_sentence_with_a_capital(tiny_loaded: check
     assert tok.eos_id not in target_ids(tok, "arquivo") and tok.decode(target_ids(tok, "arquivo")) == "arquivo"
 
 
+def test_nothing_inside_a_placeholder_is_a_term() -> None:
+    info = GlossaryInfo("g", "UI", "en", "pt", "2026-01-01T00:00:00.000Z", 2)
+    g = Glossary(info, [("index", "índice"), ("total", "total")])
+    assert g.match("Match { $index } of %(total)s, index") == ["índice"]
+    assert g.match("Match { $index } of { $total }") == []
+
+
+def test_terms_know_the_source_tokens_they_translate(tiny_loaded: checkpoint.LoadedModel) -> None:
+    tok = tiny_loaded.tokenizer
+    info = GlossaryInfo("g", "UI", "en", "pt", "2026-01-01T00:00:00.000Z", 2)
+    g = Glossary(info, [("settings window", "janela de configurações"), ("file", "arquivo")])
+    sentence = "Save the file before closing the settings window."
+    ids = tok.encode(sentence)
+    terms, where = g.placed(sentence, tok, ids)
+    assert terms == g.constraints(sentence, tok) and where is not None
+    pieces = tok.source_pieces(ids)
+    assert "".join(pieces[i] for i in where[0]).replace("\u2581", " ").strip() == "file"
+    # a term's whitespace-separated words, with what clings to them
+    assert "".join(pieces[i] for i in where[1]).replace("\u2581", " ").strip() == "settings window."
+
+
 def test_entries_are_checked_with_clear_messages() -> None:
     assert parse_entries('"a, b",x\nc,"d ""e"""\n', "csv", 10, 40) == [("a, b", "x"), ("c", 'd "e"')]
     assert parse_entries("a\tb\n\n", "tsv", 10, 40) == [("a", "b")]
