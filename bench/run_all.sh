@@ -26,3 +26,5 @@ set -x
 "$PYTHON" bench/int8_products.py
 "$PYTHON" bench/int8_ranges.py
 "$PYTHON" bench/compiled_step.py
+"$PYTHON" bench/glossary.py --repeats 1
+"$PYTHON" bench/inline_markup.py
