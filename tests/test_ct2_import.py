@@ -114,9 +114,9 @@ def translations(tolk_dir: Path, ct2_dir: Path, beam: int, lines: list[str],
                  compute_type: str = "default") -> tuple[list[Any], list[Any]]:
     """Each engine's best hypothesis (target pieces) for each line, on the same files.
 
-    Beam search without a length penalty: with one, the engines normalise and stop differently (Tolk as
-    transformers does, CTranslate2 when its best candidate ends), which is not the import's business; without one,
-    both return the most likely hypothesis the beam found.
+    Beam search without a length penalty: with one, the engines normalise alike (by (n + 1) ** penalty, the end
+    counted) but stop differently (Tolk as transformers does, CTranslate2 once its best candidates have ended),
+    which is not the import's business; without one, both return the most likely hypothesis the beam found.
     """
     loaded = checkpoint.load(tolk_dir, device="cpu")
     tok = loaded.tokenizer
