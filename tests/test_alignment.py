@@ -22,13 +22,8 @@ CONFIGS = {
 
 
 @pytest.fixture(scope="module")
-def loaded(tiny_loaded: checkpoint.LoadedModel) -> checkpoint.LoadedModel:
-    return tiny_loaded
-
-
-@pytest.fixture(scope="module")
-def sources(loaded: checkpoint.LoadedModel) -> list[list[int]]:
-    return [loaded.tokenizer.encode(s) for s in SOURCES]
+def sources(tiny_loaded: checkpoint.LoadedModel) -> list[list[int]]:
+    return [tiny_loaded.tokenizer.encode(s) for s in SOURCES]
 
 
 def reference_weights(loaded: checkpoint.LoadedModel, src: list[int], tokens: list[int]) -> torch.Tensor:
@@ -59,27 +54,28 @@ def assert_most_attended(loaded: checkpoint.LoadedModel, src: list[int], hyp: Hy
 
 @pytest.mark.parametrize("name", list(CONFIGS))
 @pytest.mark.parametrize("graphs", [False, True], ids=["step", "fixed-step"])
-def test_alignment_is_the_most_attended_source_token(loaded: checkpoint.LoadedModel, sources: list[list[int]],
+def test_alignment_is_the_most_attended_source_token(tiny_loaded: checkpoint.LoadedModel, sources: list[list[int]],
                                                      name: str, graphs: bool) -> None:
     """Every hypothesis of the n-best list (beams reordered on the way) against the modules' own attention."""
     config = CONFIGS[name]
-    batch = DecodeBatch(loaded.net, 8, max(map(len, sources)), 24, graphs=graphs) if graphs else None
+    batch = DecodeBatch(tiny_loaded.net, 8, max(map(len, sources)), 24, graphs=graphs) if graphs else None
     with torch.inference_mode():
-        results = generate(loaded.net, sources, config, max_rows=8, batch=batch)
+        results = generate(tiny_loaded.net, sources, config, max_rows=8, batch=batch)
     for src, hyps in zip(sources, results, strict=True):
         for hyp in hyps:
-            assert_most_attended(loaded, src, hyp)
+            assert_most_attended(tiny_loaded, src, hyp)
 
 
 @pytest.mark.parametrize("name", list(CONFIGS))
-def test_asking_for_alignment_changes_no_token_or_score(loaded: checkpoint.LoadedModel, sources: list[list[int]],
+def test_asking_for_alignment_changes_no_token_or_score(tiny_loaded: checkpoint.LoadedModel, sources: list[list[int]],
                                                         name: str) -> None:
     """Rows with and without alignment share batches; every row decodes as it does when nobody asks for it."""
     config = CONFIGS[name]
     plain = config.update(alignment=False)
     with torch.inference_mode():
-        before = generate(loaded.net, sources, plain, max_rows=6)
-        mixed = generate(loaded.net, sources, [config if i % 2 else plain for i in range(len(sources))], max_rows=6)
+        before = generate(tiny_loaded.net, sources, plain, max_rows=6)
+        configs = [config if i % 2 else plain for i in range(len(sources))]
+        mixed = generate(tiny_loaded.net, sources, configs, max_rows=6)
     for i, (a, b) in enumerate(zip(before, mixed, strict=True)):
         assert [h.tokens for h in a] == [h.tokens for h in b]
         assert [h.score for h in a] == pytest.approx([h.score for h in b], abs=1e-6)
