@@ -28,6 +28,11 @@ class PivotTranslation:
         self.cancelled = False
 
     @property
+    def load_s(self) -> float:
+        """The waits for either model to load, as far as the legs have gone."""
+        return self.first.load_s + (self.leg.load_s if self.leg is not None else 0.0)
+
+    @property
     def plan(self) -> Plan:
         """The source texts' plan (the first leg's): what progress is measured in."""
         return self.first.plan

@@ -306,6 +306,7 @@ class Translation:
                  model: str = "") -> None:
         self.plan = plan
         self.models = [model] if model else []
+        self.load_s = 0.0  # how long the request waited for its model to load (on demand)
         self.job = job  # None when there is no sentence at all (HTML made only of markup)
         self.tokenizer = tokenizer
         self.alternatives = alternatives

@@ -128,9 +128,12 @@ class ServedModel:
                 raise UnsupportedLanguage(f"{self.name} translates into {', '.join(self.targets)}; name one")
             prefix = [self.tokens[target]]
         self.active += 1  # not unloaded from here until its job is queued
+        waited = 0.0
         try:
-            if self.load is not None:
+            if self.load is not None and not self.scheduler.running:
+                start = time.monotonic()
                 await self.load(self)
+                waited = time.monotonic() - start
             plan = await run_in_threadpool(make_plan, texts, tokenizer, html, self.scheduler.max_source_tokens,
                                            prefix=prefix, glossary=glossary)
             job = None
@@ -143,7 +146,9 @@ class ServedModel:
         finally:
             self.active -= 1
             self.last_used = time.monotonic()
-        return Translation(plan, job, tokenizer, alternatives, self.name)
+        translation = Translation(plan, job, tokenizer, alternatives, self.name)
+        translation.load_s = waited
+        return translation
 
     @property
     def idle(self) -> bool:

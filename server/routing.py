@@ -142,6 +142,17 @@ class RoutedTranslation:
         for _, translation in self.parts:
             translation.cancel()
 
+    @property
+    def load_s(self) -> float:
+        """How long the request waited for its models to load (one at a time: the waits add up)."""
+        return sum(translation.load_s for _, translation in self.parts)
+
+    def server_timing(self) -> dict[str, str]:
+        """A Server-Timing header naming the wait for a model loaded on demand; none when nothing loaded."""
+        if not self.load_s:
+            return {}
+        return {"Server-Timing": f'load;dur={self.load_s * 1000:.0f};desc="model loaded on demand"'}
+
     async def results(self) -> list[TextResult]:
         if len(self.parts) == 1:
             return await self.parts[0][1].results()

@@ -65,6 +65,19 @@ def test_models_load_on_first_use_within_the_budget(client: TestClient, tiny_mod
     assert loaded(client) == {"tiny-pt-en", "tiny-en-es"} and loads(client, "tiny-pt-en") == 2
 
 
+def test_a_request_that_waited_for_a_load_says_so_in_its_timing(client: TestClient) -> None:
+    """Server-Timing names the load a request waited for, plain or streamed; a request to a loaded model has none."""
+    body = {"q": "Open the file.", "source": "en", "target": "pt"}
+    first = client.post("/translate", json=body)
+    timing = first.headers.get("server-timing", "")
+    assert first.status_code == 200 and timing.startswith("load;dur=") and 'desc="model loaded on demand"' in timing
+    assert float(timing.split("dur=")[1].split(";")[0]) > 0
+    assert "server-timing" not in client.post("/translate", json=body).headers
+    streamed = client.post("/translate/stream", json={**body, "source": "pt", "target": "en"})
+    assert streamed.status_code == 200 and streamed.headers["server-timing"].startswith("load;dur=")
+    assert "server-timing" not in client.post("/translate/stream", json=body).headers
+
+
 def test_concurrent_requests_share_one_load_and_all_are_answered(client: TestClient) -> None:
     texts = [f"Save the file number {i}." for i in range(12)]
     with ThreadPoolExecutor(len(texts)) as pool:

@@ -8,7 +8,7 @@ import math
 from collections.abc import AsyncIterator, Awaitable
 from typing import Annotated, Any, TypeVar
 
-from fastapi import APIRouter, Depends, Request
+from fastapi import APIRouter, Depends, Request, Response
 from fastapi.responses import StreamingResponse
 from fastapi.sse import KEEPALIVE_COMMENT, ServerSentEvent, format_sse_event
 
@@ -143,14 +143,15 @@ def _response(req: TranslateRequest, detected: list[Detection] | None,
 
 @router.post("/translate", response_model=TranslateResponse, response_model_exclude_none=True,
              openapi_extra={"requestBody": REQUEST_BODY}, responses=ERRORS)
-async def translate(request: Request, req: TranslateRequestDep, registry: RegistryDep, detector: DetectorDep,
-                    settings: SettingsDep) -> TranslateResponse:
+async def translate(request: Request, response: Response, req: TranslateRequestDep, registry: RegistryDep,
+                    detector: DetectorDep, settings: SettingsDep) -> TranslateResponse:
     """Translate a text or a list of texts; long texts are split into sentences that are batched together."""
     translation = await start(request, req, registry, detector, settings, stream=False)
     try:
         results = await unless_disconnected(request, translation.results())
     finally:
         translation.cancel()
+    response.headers.update(translation.server_timing())
     return _response(req, translation.detected, results)
 
 
@@ -218,7 +219,7 @@ class EventStream(StreamingResponse):
 async def translate_stream(translation: StreamDep, metrics: MetricsDep) -> EventStream:
     """Stream translations as server-sent events (GET takes the same fields as query parameters)."""
     return EventStream(coalesced(sse_events(translation, metrics)),
-                       headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+                       headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no", **translation.server_timing()})
 
 
 async def coalesced(events: AsyncIterator[ServerSentEvent]) -> AsyncIterator[bytes]:
