@@ -16,7 +16,7 @@ from html import escape
 
 from model.events import FinishEvent, Hypothesis, TokenEvent
 from model.tokenizer import IncrementalDetokenizer, Tokenizer
-from server import inline
+from server import inline, projection
 from server.errors import ShuttingDown
 from server.glossaries import Glossary
 from server.jobs import Job
@@ -38,7 +38,7 @@ class Plan:
     masks: dict[int, Masked] = field(default_factory=dict)  # the sentences that hold placeholders
     # by sentence, a glossary's terms found there: each a list of alternative target-token sequences
     constraints: dict[int, list[list[list[int]]]] = field(default_factory=dict)
-    markup: dict[int, inline.Aligned] = field(default_factory=dict)  # sentences that carry inline HTML elements
+    markup: dict[int, projection.Aligned] = field(default_factory=dict)  # sentences that carry inline HTML elements
     where: dict[int, list[list[int]]] = field(default_factory=dict)  # by sentence, its terms' source positions
 
     def sentence_constraints(self) -> list[list[list[list[int]]]] | None:
@@ -62,7 +62,7 @@ class Plan:
         """A sentence's output as it goes into its text: placeholders and inline elements back, escaped in HTML."""
         markup = self.markup.get(sentence)
         if markup is not None:
-            return inline.render(markup, self.masks.get(sentence), hyp.tokens, hyp.alignment, tokenizer)
+            return projection.render(markup, self.masks.get(sentence), hyp.tokens, hyp.alignment, tokenizer)
         text = self.restore(sentence, tokenizer.decode(hyp.tokens))
         return escape(text, quote=False) if self.html else text
 
@@ -120,7 +120,7 @@ def make_plan(
                 continue
             masked = masks[i]
             add(tp, masked.text, None if masked.empty else masked)
-            plan.markup[len(plan.sources) - 1] = inline.aligned(
+            plan.markup[len(plan.sources) - 1] = projection.aligned(
                 p, None if masked.empty else masked, plan.sources[-1], tokenizer, block.standins)
         return True
 
