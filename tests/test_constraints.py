@@ -167,8 +167,8 @@ def test_a_greedy_row_starts_a_term_where_it_attends_to_the_terms_words() -> Non
     assert c.choose(p, 4, 0.0, far, 10, eos)[0] == 4
     assert c.choose(p, 4, 0.0, far, 10, eos, looking=[3, 4])[0] == 5  # two steps on the term's words
     assert c.choose(p, 4, 0.0, far, 10, eos, looking=[2, 3])[0] == 4  # one step: an article before the noun
-    assert c.choose(p, 4, 0.0, far, 10, eos, looking=[7, 7])[0] == 4  # on the other term, which is far too
-    assert c.choose(p, 4, 0.0, {5: -20.0, 9: -20.0}, 10, eos, looking=[3, 3])[0] == 4  # the model is far from it
+    assert c.choose(p, 4, 0.0, far, 10, eos, looking=[7, 7])[0] == 9  # on the other term's words: that term
+    assert c.choose(p, 4, 0.0, {5: -40.0, 9: -20.0}, 10, eos, looking=[3, 3])[0] == 5  # however far the model is
     unknown = Constraints([[[5, 6]], [[9]]])
     assert unknown.choose(unknown.start(), 4, 0.0, far, 10, eos, looking=[3, 4])[0] == 4  # sources not known
 
