@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 from typing import Any
 
@@ -117,6 +118,18 @@ class Tokenizer:
 
     def detokenizer(self) -> IncrementalDetokenizer:
         return IncrementalDetokenizer(self)
+
+
+def source_positions(tokenizer: Tokenizer, text: str, ids: list[int], spans: list[tuple[int, int]]
+                     ) -> list[list[int]] | None:
+    """For each character span of `text`, the positions in `ids` (`text` as the model reads it) of the tokens of the
+    whitespace-separated words it touches; None when the ids' words and the text's do not match up."""
+    of_word = tokenizer.source_words(ids)
+    words = [(m.start(), m.end()) for m in re.finditer(r"\S+", text)]
+    if max(of_word, default=-1) + 1 != len(words):
+        return None
+    inside = [{w for w, (x, y) in enumerate(words) if x < b and a < y} for a, b in spans]
+    return [[i for i, w in enumerate(of_word) if w in ws] for ws in inside]
 
 
 class IncrementalDetokenizer:

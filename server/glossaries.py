@@ -22,7 +22,7 @@ from datetime import UTC, datetime
 from functools import lru_cache
 from pathlib import Path
 
-from model.tokenizer import Tokenizer
+from model.tokenizer import Tokenizer, source_positions
 from server.errors import InvalidRequest, NotFound, NotReady, PayloadTooLarge
 from server.placeholders import find
 
@@ -164,12 +164,7 @@ class Glossary:
             if alternatives:
                 out.append(alternatives)
                 where.append(span)
-        of_word = tokenizer.source_words(source_ids) if source_ids else []
-        words = [(m.start(), m.end()) for m in re.finditer(r"\S+", sentence)]
-        if not out or max(of_word, default=-1) + 1 != len(words):
-            return out, None
-        inside = [{w for w, (x, y) in enumerate(words) if x < b and a < y} for a, b in where]
-        return out, [[i for i, w in enumerate(of_word) if w in ws] for ws in inside]
+        return out, source_positions(tokenizer, sentence, source_ids, where) if out and source_ids else None
 
 
 @lru_cache(maxsize=16)

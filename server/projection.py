@@ -16,7 +16,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from html import escape
 
-from model.tokenizer import Tokenizer
+from model.tokenizer import Tokenizer, source_positions
 from server.inline import Marked
 from server.placeholders import Masked, unmask
 
@@ -55,16 +55,9 @@ def aligned(marked: Marked, masked: Masked | None, ids: list[int], tokenizer: To
             standins: dict[str, str]) -> Aligned:
     """The marks of a sentence tied to the source tokens the model reads (`ids`, from the masked text)."""
     text = masked.text if masked is not None else marked.text
-    words = [(m.start(), m.end()) for m in re.finditer(r"\S+", text)]
-    of_word = tokenizer.source_words(ids)
-    if max(of_word, default=-1) + 1 != len(words):
-        return Aligned(marked, None, standins)
-    cover = []
-    for mark in marked.marks:
-        a, b = _masked_offset(masked, mark.start, False), _masked_offset(masked, mark.end, True)
-        inside = {w for w, (x, y) in enumerate(words) if x < b and a < y}
-        cover.append(frozenset(i for i, w in enumerate(of_word) if w in inside))
-    return Aligned(marked, cover, standins)
+    spans = [(_masked_offset(masked, m.start, False), _masked_offset(masked, m.end, True)) for m in marked.marks]
+    where = source_positions(tokenizer, text, ids, spans)
+    return Aligned(marked, [frozenset(w) for w in where] if where is not None else None, standins)
 
 
 def _token_spans(tokens: list[int], tokenizer: Tokenizer) -> tuple[str, list[tuple[int, int]]]:
