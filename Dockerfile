@@ -59,8 +59,11 @@ WORKDIR /app
 # The shipped models, owned by root and only readable by the server. Mount a directory on /app/weights to serve
 # other (imported) models instead.
 COPY weights/ weights/
+# numba keeps the compiled decode step (model/fused_step.py) in NUMBA_CACHE_DIR; the image's own files are read-only,
+# so the first start compiles it there (about 15 s on 2 cores) and a restart of the container does again.
 ENV PATH=/opt/venv/bin:$PATH \
-    TOLK_DATA_DIR=/var/lib/tolk
+    TOLK_DATA_DIR=/var/lib/tolk \
+    NUMBA_CACHE_DIR=/tmp/numba
 USER 10001:10001
 EXPOSE 8000
 # /ready answers 200 once every model is loaded and its scheduler runs; the slim base has no curl.

@@ -32,6 +32,7 @@ def measure(net: FrozenTransformer, sources: list[list[int]], config: Generation
     projections = net.projections()
     for p in projections.values():
         p.observed = torch.full((2,), math.inf)
+    net.products_changed()
     try:
         generate(net, sources, config)
         return {name: [float(p.observed[0]), -float(p.observed[1])]
@@ -39,6 +40,7 @@ def measure(net: FrozenTransformer, sources: list[list[int]], config: Generation
     finally:
         for p in projections.values():
             p.observed = None
+        net.products_changed()
 
 
 def apply(net: FrozenTransformer, ranges: dict[str, list[float]]) -> None:
@@ -51,6 +53,7 @@ def apply(net: FrozenTransformer, ranges: dict[str, list[float]]) -> None:
         if not (math.isfinite(lo) and math.isfinite(hi) and lo <= hi):
             raise ValueError(f"int8 range of {name} is not a finite interval: {[lo, hi]}")
         projections[name].set_range(lo, hi)
+    net.products_changed()
 
 
 def read(directory: Path) -> dict[str, list[float]] | None:

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import logging
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any, cast
 
@@ -27,6 +28,12 @@ from torch.ao.nn.quantized.dynamic import Linear as QuantizedLinear
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from model.cache import KVCache
+
+try:  # numba: the CPU's fused step; without it (the GPU script's bare machine) steps run operator by operator
+    from model.fused_step import FusedStep
+except (ImportError, RuntimeError) as exc:  # pragma: no cover - RuntimeError: numba finds no writable cache
+    logging.getLogger(__name__).warning("the fused CPU decode step is off (%s); set NUMBA_CACHE_DIR", exc)
+    FusedStep = None  # type: ignore[assignment,misc]
 from model.layers import ACTIVATION_FUNCTIONS, Attention, DecoderLayer, EncoderLayer
 
 if TYPE_CHECKING:
@@ -309,7 +316,7 @@ class FrozenDecoderLayer:
 class FrozenTransformer:
     """Encoding, cross-attention K/V and the incremental decode step of a Transformer, for inference only."""
 
-    def __init__(self, model: Transformer, prepack: bool = True, half: bool = False) -> None:
+    def __init__(self, model: Transformer, prepack: bool = True, half: bool = False, fused: bool = True) -> None:
         cfg = self.cfg = model.cfg
         self.src_table, self.tgt_table = model.src_embed.weight.detach(), model.tgt_embed.weight.detach()
         self.positions = model.positions.to(self.tgt_table.dtype)
@@ -325,6 +332,13 @@ class FrozenTransformer:
         kv = [lin for layer in decoder for lin in (layer.cross_attn.k_proj, layer.cross_attn.v_proj)]
         self.cross_kv_proj = proj(kv)  # all layers' cross K/V in one product
         self.out = proj([model.out_proj], bias=model.out_bias)
+        # the step of a few rows as one compiled function, on the CPU in float32 or int8 (model.fused_step)
+        self.fused = FusedStep.build(model, self) if fused and not half and FusedStep is not None else None
+
+    def products_changed(self) -> None:
+        """Input ranges were set or calibration started or ended: the fused step reads them again."""
+        if self.fused is not None:
+            self.fused.changed()
 
     @property
     def device(self) -> torch.device:
@@ -391,6 +405,9 @@ class FrozenTransformer:
         position each new token looks at (fairseq's alignment layer).
         """
         B = tokens.shape[0]
+        fused = self.fused
+        if fused is not None and fused.max_rows >= B and fused.ready():
+            return fused(tokens, cache, align)
         x = self.embed(self.tgt_table, tokens, self.positions[cache.pos[:B]])  # (B, D), row b at its own position
         self_mask, cross_mask = cache.masks(B)
         last = len(self.decoder) - 1
@@ -419,11 +436,12 @@ class FrozenTransformer:
         return self.out(self.final.norm(x, 1) if self.final else x)
 
 
-def freeze(model: Transformer, prepack: bool = True, half: bool = False) -> FrozenTransformer:
+def freeze(model: Transformer, prepack: bool = True, half: bool = False, fused: bool = True) -> FrozenTransformer:
     """The network prepared for inference (fused and prepacked weights); encoding and the decode step go through it.
 
     Built anew at each call: freeze once after loading (or after each training stretch) and keep the result.
     prepack=False keeps PyTorch's default products: the reference the oneDNN path is tested against.
     half=True (CPU, float32 model): every product reads float16 weights and computes in float32 (`Projection`).
+    fused=False: every step runs operator by operator (the reference `model.fused_step` is tested against).
     """
-    return FrozenTransformer(model, prepack, half)
+    return FrozenTransformer(model, prepack, half, fused)

@@ -1,0 +1,419 @@
+"""The CPU decode step of a few rows as one compiled loop nest (numba), without PyTorch's cost per operator.
+
+A one-row step of a small model is mostly fixed costs: about 330 PyTorch operator calls, and fbgemm's int8 product
+takes 25-40 us a call however small it is (docs/benchmarks.md). Here the whole decoder step (embedding, every
+layer's norms, products, attention over each row's own length, the output projection) is one numba function over
+the cache buffers, so a step costs its arithmetic and the reading of its weights.
+
+Products are the same as the frozen network's:
+- float32: the weights as they are;
+- int8: the same int8 weights and the same fixed input ranges (`model.calibrate`) as fbgemm's product. The input
+  is quantized to 7 bits and each output is an exact integer sum, computed in float32 (products of at most 127 x 128
+  summed over at most 1,024 terms stay below 2^24, where float32 holds every integer), then scaled as fbgemm does.
+
+Rows are computed one by one with the same order of operations whatever the batch, so a row's numbers are its own.
+Used for up to `FusedStep.max_rows` rows, where it is faster than the operator-by-operator step; alignment,
+calibration and int8 without fixed ranges keep that step (`FrozenTransformer.decode_step`).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, cast
+
+import numpy as np
+import torch
+from numba import njit
+from torch import Tensor
+
+if TYPE_CHECKING:
+    from model.cache import KVCache
+    from model.frozen import FrozenTransformer, Projection
+    from model.layers import DecoderLayer
+    from model.transformer import Transformer
+
+# Reassociation lets sums vectorise; no "nnan"/"ninf": masked attention scores are -inf.
+FAST = {"nsz", "arcp", "contract", "reassoc"}
+ACTIVATIONS = {None: 0, "relu": 1, "gelu": 2, "swish": 3}
+EXACT_SUM_TERMS = 1024  # int8 sums of at most this many terms are exact in float32 (127 * 128 * 1024 < 2^24)
+
+
+@njit(fastmath=FAST, nogil=True, cache=True)
+def _act(v: float, kind: int) -> float:  # pragma: no cover - compiled
+    if kind == 1:
+        return max(v, 0.0)
+    if kind == 2:
+        return 0.5 * v * (1.0 + math.erf(v * 0.7071067811865476))
+    if kind == 3:
+        return v / (1.0 + math.exp(-v))
+    return v
+
+
+@njit(fastmath=FAST, nogil=True, cache=True)
+def _product(x, w, scale, bias, quant, act, res, y):  # type: ignore[no-untyped-def]  # pragma: no cover - compiled
+    """y (B, N) = act(x (B, K) @ w (N, K).T * scale + bias) [+ res].
+
+    quant = (1 / input scale, input scale, zero point, on): when on, x is quantized to 0..255 around the zero point
+    first (fbgemm's uint8 input), and the integer sums are scaled by input scale * scale[j].
+    """
+    B, K = x.shape
+    N = w.shape[0]
+    xs = np.empty((B, K), np.float32)
+    out_scale = np.float32(1.0)
+    if quant[3] != 0:
+        zp = quant[2]
+        for r in range(B):
+            for k in range(K):
+                v = np.float32(np.round(x[r, k] * quant[0])) + zp
+                xs[r, k] = min(max(v, np.float32(0.0)), np.float32(255.0)) - zp
+        out_scale = quant[1]
+    else:
+        xs[:] = x
+    if B == 1:
+        _rows1(xs, w, scale, bias, out_scale, act, y)
+    else:
+        _rows2(xs, w, scale, bias, out_scale, act, y)
+    if res.shape[0] == B:
+        for r in range(B):
+            for j in range(N):
+                y[r, j] += res[r, j]
+
+
+@njit(fastmath=FAST, nogil=True, cache=True)
+def _rows1(xs, w, scale, bias, out_scale, act, y):  # type: ignore[no-untyped-def]  # pragma: no cover - compiled
+    """One row: four outputs at a time, the weights converted as they are read."""
+    K = xs.shape[1]
+    N = w.shape[0]
+    N4 = N - N % 4
+    for j in range(0, N4, 4):
+        a0 = np.float32(0.0)
+        a1 = np.float32(0.0)
+        a2 = np.float32(0.0)
+        a3 = np.float32(0.0)
+        for k in range(K):
+            v = xs[0, k]
+            a0 += v * np.float32(w[j, k])
+            a1 += v * np.float32(w[j + 1, k])
+            a2 += v * np.float32(w[j + 2, k])
+            a3 += v * np.float32(w[j + 3, k])
+        y[0, j] = _act(a0 * (out_scale * scale[j]) + bias[j], act)
+        y[0, j + 1] = _act(a1 * (out_scale * scale[j + 1]) + bias[j + 1], act)
+        y[0, j + 2] = _act(a2 * (out_scale * scale[j + 2]) + bias[j + 2], act)
+        y[0, j + 3] = _act(a3 * (out_scale * scale[j + 3]) + bias[j + 3], act)
+    for j in range(N4, N):
+        a = np.float32(0.0)
+        for k in range(K):
+            a += xs[0, k] * np.float32(w[j, k])
+        y[0, j] = _act(a * (out_scale * scale[j]) + bias[j], act)
+
+
+@njit(fastmath=FAST, nogil=True, cache=True)
+def _rows2(xs, w, scale, bias, out_scale, act, y):  # type: ignore[no-untyped-def]  # pragma: no cover - compiled
+    """Several rows: four outputs' weights converted once into a block, then two rows at a time over it."""
+    B, K = xs.shape
+    N = w.shape[0]
+    wb = np.zeros((4, K), np.float32)
+    acc = np.empty((2, 4), np.float32)
+    for j in range(0, N, 4):
+        n = min(4, N - j)
+        for c in range(n):
+            for k in range(K):
+                wb[c, k] = w[j + c, k]
+        for r in range(0, B, 2):
+            u_row = xs[r]
+            v_row = xs[r + 1] if r + 1 < B else xs[r]
+            a0 = np.float32(0.0)
+            a1 = np.float32(0.0)
+            a2 = np.float32(0.0)
+            a3 = np.float32(0.0)
+            b0 = np.float32(0.0)
+            b1 = np.float32(0.0)
+            b2 = np.float32(0.0)
+            b3 = np.float32(0.0)
+            for k in range(K):
+                u = u_row[k]
+                v = v_row[k]
+                a0 += u * wb[0, k]
+                a1 += u * wb[1, k]
+                a2 += u * wb[2, k]
+                a3 += u * wb[3, k]
+                b0 += v * wb[0, k]
+                b1 += v * wb[1, k]
+                b2 += v * wb[2, k]
+                b3 += v * wb[3, k]
+            acc[0, 0], acc[0, 1], acc[0, 2], acc[0, 3] = a0, a1, a2, a3
+            acc[1, 0], acc[1, 1], acc[1, 2], acc[1, 3] = b0, b1, b2, b3
+            for i in range(min(2, B - r)):
+                for c in range(n):
+                    y[r + i, j + c] = _act(acc[i, c] * (out_scale * scale[j + c]) + bias[j + c], act)
+
+
+@njit(fastmath=FAST, nogil=True, cache=True)
+def _norm(x, w, b, eps, out):  # type: ignore[no-untyped-def]  # pragma: no cover - compiled
+    """LayerNorm of each row of x (B, D) into out."""
+    B, D = x.shape
+    for r in range(B):
+        mean = np.float32(0.0)
+        for d in range(D):
+            mean += x[r, d]
+        mean /= D
+        var = np.float32(0.0)
+        for d in range(D):
+            c = x[r, d] - mean
+            var += c * c
+        inv = np.float32(1.0) / np.sqrt(var / D + eps)
+        for d in range(D):
+            out[r, d] = (x[r, d] - mean) * inv * w[d] + b[d]
+
+
+@njit(fastmath=FAST, nogil=True, cache=True)
+def _attend(q, k, v, n, out, weights):  # type: ignore[no-untyped-def]  # pragma: no cover - compiled
+    """One query q (H * Dh,) over the first n keys and values k, v (H, T, Dh) into out (H * Dh,); the attention
+    weights averaged over heads are added into `weights` (T,) unless it is empty."""
+    H, _, Dh = k.shape
+    scale = np.float32(1.0 / math.sqrt(Dh))
+    p = np.empty(n, np.float32)
+    for h in range(H):
+        top = -np.inf
+        for t in range(n):
+            s = np.float32(0.0)
+            for d in range(Dh):
+                s += q[h * Dh + d] * k[h, t, d]
+            p[t] = s * scale
+            top = max(top, p[t])
+        total = np.float32(0.0)
+        for t in range(n):
+            p[t] = np.exp(p[t] - top)
+            total += p[t]
+        for d in range(Dh):
+            a = np.float32(0.0)
+            for t in range(n):
+                a += p[t] * v[h, t, d]
+            out[h * Dh + d] = a / total
+        if weights.shape[0] > 0:
+            for t in range(n):
+                weights[t] += p[t] / total / H
+
+
+@njit(fastmath=FAST, nogil=True, cache=True)
+def _step(tokens, pos, src_mask, table, positions, emb_scale, self_kv, cross_kv,  # type: ignore[no-untyped-def]
+          norm_w, norm_b, eps, pre, final_w, final_b, act,
+          w_qkv, s_qkv, b_qkv, q_qkv, w_o, s_o, b_o, q_o, w_cq, s_cq, b_cq, q_cq,
+          w_co, s_co, b_co, q_co, w_1, s_1, b_1, q_1, w_2, s_2, b_2, q_2,
+          w_out, s_out, b_out, q_out, logits, align):  # pragma: no cover - compiled
+    """Rows 0..B-1 of the cache advance by one token each; logits (B, V) are written, `pos` moves on. Unless
+    `align` is empty, the last layer's cross-attention weights averaged over heads are added into it (B, S)."""
+    B = tokens.shape[0]
+    L, _, _, H, _, Dh = self_kv.shape
+    D = H * Dh
+    x = np.empty((B, D), np.float32)
+    for r in range(B):
+        for d in range(D):
+            x[r, d] = table[tokens[r], d] * emb_scale + positions[pos[r], d]
+    h = np.empty((B, D), np.float32)
+    qkv = np.empty((B, 3 * D), np.float32)
+    a = np.empty((B, D), np.float32)
+    f = np.empty((B, w_1.shape[1]), np.float32)
+    none = np.empty((0, 0), np.float32)
+    no_weights = np.empty(0, np.float32)
+    lengths = np.empty(B, np.int64)
+    for r in range(B):
+        n = 0
+        for s in range(src_mask.shape[1]):
+            n += src_mask[r, s]
+        lengths[r] = n
+    for i in range(L):
+        # self-attention: the new token's K/V go into the cache at each row's position
+        if pre:
+            _norm(x, norm_w[i, 0], norm_b[i, 0], eps, h)
+            _product(h, w_qkv[i], s_qkv[i], b_qkv[i], q_qkv[i], 0, none, qkv)
+        else:
+            _product(x, w_qkv[i], s_qkv[i], b_qkv[i], q_qkv[i], 0, none, qkv)
+        for r in range(B):
+            t = pos[r]
+            for hh in range(H):
+                for d in range(Dh):
+                    self_kv[i, 0, r, hh, t, d] = qkv[r, D + hh * Dh + d]
+                    self_kv[i, 1, r, hh, t, d] = qkv[r, 2 * D + hh * Dh + d]
+            _attend(qkv[r, :D], self_kv[i, 0, r], self_kv[i, 1, r], t + 1, a[r], no_weights)
+        _product(a, w_o[i], s_o[i], b_o[i], q_o[i], 0, x, h)
+        if pre:
+            x[:] = h
+            _norm(x, norm_w[i, 1], norm_b[i, 1], eps, h)
+        else:
+            _norm(h, norm_w[i, 0], norm_b[i, 0], eps, x)
+            h[:] = x
+        # cross-attention over each row's own source length
+        q = np.empty((B, D), np.float32)
+        _product(h, w_cq[i], s_cq[i], b_cq[i], q_cq[i], 0, none, q)
+        for r in range(B):
+            weights = align[r] if i == L - 1 and align.shape[0] > 0 else no_weights
+            _attend(q[r], cross_kv[i, 0, r], cross_kv[i, 1, r], lengths[r], a[r], weights)
+        _product(a, w_co[i], s_co[i], b_co[i], q_co[i], 0, x, h)
+        if pre:
+            x[:] = h
+            _norm(x, norm_w[i, 2], norm_b[i, 2], eps, h)
+        else:
+            _norm(h, norm_w[i, 1], norm_b[i, 1], eps, x)
+            h[:] = x
+        # feed-forward
+        _product(h, w_1[i], s_1[i], b_1[i], q_1[i], act, none, f)
+        _product(f, w_2[i], s_2[i], b_2[i], q_2[i], 0, x, h)
+        if pre:
+            x[:] = h
+        else:
+            _norm(h, norm_w[i, 2], norm_b[i, 2], eps, x)
+    if pre:
+        _norm(x, final_w, final_b, eps, h)
+        _product(h, w_out, s_out, b_out, q_out, 0, none, logits)
+    else:
+        _product(x, w_out, s_out, b_out, q_out, 0, none, logits)
+    for r in range(B):
+        pos[r] += 1
+
+
+def _weights(linears: Sequence[torch.nn.Module]) -> tuple[np.ndarray, np.ndarray, np.ndarray] | None:
+    """The stacked weight (N, K) as float32 or int8, a scale per output and the bias; None if not supported."""
+    from torch.ao.nn.quantized.dynamic import Linear as QuantizedLinear
+
+    from model.frozen import int8_weight_bias, stacked_bias
+
+    if all(isinstance(m, QuantizedLinear) for m in linears):
+        parts = [int8_weight_bias(m)[0] for m in linears]  # type: ignore[arg-type]
+        if any(p.qscheme() != torch.per_tensor_affine or p.q_zero_point() != 0 for p in parts):
+            return None
+        if parts[0].shape[1] > EXACT_SUM_TERMS:
+            return None
+        w = torch.cat([p.int_repr() for p in parts]).numpy()
+        scale = np.concatenate([np.full(p.shape[0], p.q_scale(), np.float32) for p in parts])
+    elif all(isinstance(m, torch.nn.Linear) and m.weight.dtype == torch.float32 for m in linears):
+        w = torch.cat([cast(torch.nn.Linear, m).weight.detach() for m in linears]).numpy()
+        scale = np.ones(w.shape[0], np.float32)
+    else:
+        return None
+    bias = stacked_bias(linears)  # type: ignore[arg-type]
+    b = bias.detach().float().numpy() if bias is not None else np.zeros(w.shape[0], np.float32)
+    return np.ascontiguousarray(w), scale, np.ascontiguousarray(b, np.float32)
+
+
+PRODUCTS = ("qkv", "o", "cross_q", "cross_o", "fc1", "fc2")
+
+
+class FusedStep:
+    """The decode step of up to `max_rows` rows on the CPU as one compiled function (`_step`)."""
+
+    # Up to this many rows the fused step is faster than the operator-by-operator one on the 2-core AVX2 EPYC
+    # (int8: 3.5x at 1 row, 1.1-1.5x at 8, 0.8-1.0x at 16; float32 wins further; docs/benchmarks.md).
+    max_rows = 8
+
+    def __init__(self, arrays: dict[str, np.ndarray], projections: dict[str, Projection], net: FrozenTransformer,
+                 pre: bool, act: int, eps: float) -> None:
+        self.arrays, self.projections, self.net = arrays, projections, net
+        self.pre, self.act, self.eps = pre, act, eps
+        self.quant: dict[str, np.ndarray] | None = None  # inputs' fixed ranges, read from the products when first used
+        self.usable: bool | None = None
+
+    @classmethod
+    def build(cls, model: Transformer, net: FrozenTransformer) -> FusedStep | None:
+        """From the modules (float32 or int8), before their weights are released; None where not supported."""
+        cfg = net.cfg
+        if net.device.type != "cpu" or net.tgt_table.dtype != torch.float32 or cfg.activation not in ACTIVATIONS:
+            return None
+        arrays: dict[str, np.ndarray] = {}
+        decoder = cast("list[DecoderLayer]", list(model.decoder))
+        for name in PRODUCTS:
+            per_layer = []
+            for layer in decoder:
+                linears = {"qkv": [layer.self_attn.q_proj, layer.self_attn.k_proj, layer.self_attn.v_proj],
+                           "o": [layer.self_attn.out_proj], "cross_q": [layer.cross_attn.q_proj],
+                           "cross_o": [layer.cross_attn.out_proj], "fc1": [layer.ff.fc1], "fc2": [layer.ff.fc2]}
+                got = _weights(linears[name])
+                if got is None:
+                    return None
+                per_layer.append(got)
+            for key, part in zip(("w", "s", "b"), zip(*per_layer, strict=True), strict=True):
+                arrays[f"{key}_{name}"] = np.ascontiguousarray(np.stack(part))
+        out = _weights([model.out_proj])
+        if out is None:
+            return None
+        arrays["w_out"], arrays["s_out"], b_out = out
+        if model.out_bias is not None:
+            b_out = b_out + model.out_bias.detach().float().numpy()
+        arrays["b_out"] = b_out.astype(np.float32)
+        norms = [[layer.self_res.norm, layer.cross_res.norm, layer.ff_res.norm] for layer in decoder]
+        arrays["norm_w"] = np.stack([[n.weight.detach().numpy() for n in ns] for ns in norms]).astype(np.float32)
+        arrays["norm_b"] = np.stack([[n.bias.detach().numpy() for n in ns] for ns in norms]).astype(np.float32)
+        final = cast(torch.nn.LayerNorm, model.decoder_norm)
+        pre = cfg.norm == "pre"
+        D = cfg.d_model
+        arrays["final_w"] = final.weight.detach().numpy().copy() if pre else np.ones(D, np.float32)
+        arrays["final_b"] = final.bias.detach().numpy().copy() if pre else np.zeros(D, np.float32)
+        arrays["table"], arrays["positions"] = net.tgt_table.numpy(), net.positions.numpy()
+        named = net.projections()
+        projections = {f"{name}.{i}": named[f"decoder.{i}.{name}"] for i in range(cfg.decoder_layers)
+                       for name in PRODUCTS} | {"out": named["out"]}
+        step = cls(arrays, projections, net, pre, ACTIVATIONS[cfg.activation], cfg.layer_norm_eps)
+        step.warm()
+        return step
+
+    def warm(self) -> None:
+        """Compile `_step` for these weights' types now (or load it from numba's cache on disk), on a one-row
+        dummy cache, so that loading a model, not its first request, waits for it."""
+        a, L = self.arrays, self.net.cfg.decoder_layers
+        H, Dh = self.net.cfg.n_heads, self.net.cfg.head_dim
+        off = {name: np.zeros((L, 4), np.float32) for name in PRODUCTS} | {"out": np.zeros(4, np.float32)}
+        _step(np.zeros(1, np.int64), np.zeros(1, np.int64), np.ones((1, 1), np.bool_), a["table"], a["positions"],  # type: ignore[call-arg]
+              np.float32(1.0), np.zeros((L, 2, 1, H, 2, Dh), np.float32), np.zeros((L, 2, 1, H, 1, Dh), np.float32),
+              a["norm_w"], a["norm_b"], np.float32(self.eps), self.pre, a["final_w"], a["final_b"], self.act,
+              *self._product_args(off), np.empty((1, a["w_out"].shape[0]), np.float32), np.zeros((1, 1), np.float32))
+
+    def _product_args(self, quant: dict[str, np.ndarray]) -> list[np.ndarray]:
+        a = self.arrays
+        return [x for name in (*PRODUCTS, "out") for x in (a[f"w_{name}"], a[f"s_{name}"], a[f"b_{name}"], quant[name])]
+
+    def changed(self) -> None:
+        """The products' input ranges or calibration state changed: read them again before the next step."""
+        self.quant, self.usable = None, None
+
+    def _quant(self) -> dict[str, np.ndarray] | None:
+        """Per product (L, 4) or (4,): 1 / input scale, input scale, zero point, on; None while int8 has no fixed
+        ranges or a product is being calibrated (the operator-by-operator step observes inputs)."""
+        quant: dict[str, np.ndarray] = {}
+        L = self.net.cfg.decoder_layers
+        for name in (*PRODUCTS, "out"):
+            rows = []
+            for i in range(L if name != "out" else 1):
+                p = self.projections[f"{name}.{i}" if name != "out" else "out"]
+                if p.observed is not None or (p.int8 is not None and p.static is None):
+                    return None
+                scale, zp = p.static if p.static is not None else (1.0, 0)
+                rows.append([1.0 / scale, scale, zp, 1.0 if p.static is not None else 0.0])
+            quant[name] = np.array(rows if name != "out" else rows[0], np.float32)
+        return quant
+
+    def ready(self) -> bool:
+        if self.usable is None:
+            self.quant = self._quant()
+            self.usable = self.quant is not None
+        return self.usable
+
+    def __call__(self, tokens: Tensor, cache: KVCache, align: list[Tensor] | None = None) -> Tensor:
+        """Rows 0..B-1 advance by one token each: tokens (B,) -> logits (B, V); the cache's positions move on.
+
+        `align` gets the last layer's cross-attention weights averaged over heads (B, S), as `decode_step`'s.
+        """
+        a, q = self.arrays, self.quant
+        if q is None:
+            raise RuntimeError("the fused step runs only once ready() says so")
+        B = tokens.shape[0]
+        logits = torch.empty(B, a["w_out"].shape[0])
+        weights = torch.zeros(B, cache.max_src) if align is not None else torch.empty(0, 0)
+        _step(tokens.numpy(), cache.pos.numpy(), cache.src_mask.numpy(), a["table"], a["positions"],  # type: ignore[call-arg]
+              np.float32(self.net.scale), cache.self_kv.numpy(), cache.cross_kv.numpy(),
+              a["norm_w"], a["norm_b"], np.float32(self.eps), self.pre, a["final_w"], a["final_b"], self.act,
+              *self._product_args(q), logits.numpy(), weights.numpy())
+        cache.advance(B, on_device=False)
+        if align is not None:
+            align.append(weights[:, : cache.s_hi])
+        return logits

@@ -1,0 +1,118 @@
+"""The fused CPU decode step (model/fused_step.py) against the operator-by-operator step it stands in for."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+import torch
+from torch import nn
+
+from model import calibrate
+from model.checkpoint import quantize_int8
+from model.decode import DecodeBatch
+from model.frozen import FrozenTransformer, Projection, freeze
+from model.fused_step import FusedStep, _product, _weights
+from model.generation import GenerationConfig
+from model.search import generate
+from tests.test_int8_ranges import quantized
+from tests.tiny import tiny_config, tiny_model
+
+SOURCES = [[5, 9, 14, 22, 7, 2], [30, 2], [11, 12, 13, 14, 15, 16, 17, 18, 19, 2], [40, 41, 42, 2], [8, 60, 2]]
+
+
+def nets(dtype: str, **changes: object) -> tuple[FrozenTransformer, FrozenTransformer]:
+    """The same tiny model frozen with and without the fused step; int8 with input ranges measured on SOURCES."""
+    model = tiny_model(tiny_config(**changes))
+    if dtype == "int8":
+        ranges = calibrate.measure(freeze(model, fused=False), SOURCES, GenerationConfig(max_new_tokens=12))
+        model = quantize_int8(model)
+    fused, plain = freeze(model), freeze(model, fused=False)
+    if dtype == "int8":
+        calibrate.apply(fused, ranges)
+        calibrate.apply(plain, ranges)
+    assert fused.fused is not None and fused.fused.ready() and plain.fused is None
+    return fused, plain
+
+
+def steps(net: FrozenTransformer, count: int) -> list[torch.Tensor]:
+    """Logits of `count` greedy steps with rows admitted at different times (rows at different positions, sources
+    of different lengths), and the cache's K/V at the end."""
+    batch = DecodeBatch(net, 8, 12, 16)
+    config = GenerationConfig(max_new_tokens=16, min_new_tokens=16)
+    out = []
+    with torch.inference_mode():
+        batch.admit([((0, i), SOURCES[i], config) for i in range(3)])
+        for n in range(count):
+            if n == 2:
+                batch.admit([((0, i), SOURCES[i], config) for i in range(3, 5)])
+            logits, _ = batch.forward()
+            out.append(logits.clone())
+            batch.record(logits.argmax(-1))
+        out.append(batch.cache.self_kv[:, :, :5].clone())
+    return out
+
+
+@pytest.mark.parametrize("dtype", ["float32", "int8"])
+@pytest.mark.parametrize(("norm", "activation", "eps"), [("pre", "relu", 1e-5), ("post", "gelu", 1e-5),
+                                                         ("post", "swish", 1e-5), ("pre", "gelu", 1.0)])
+def test_fused_step_equals_the_operator_step(dtype: str, norm: str, activation: str, eps: float) -> None:
+    fused, plain = nets(dtype, norm=norm, activation=activation, layer_norm_eps=eps)
+    # int8: a value a rounding step away from a quantization boundary may land on the other side
+    tol = 1e-4 if dtype == "float32" else 2e-2
+    for a, b in zip(steps(fused, 6), steps(plain, 6), strict=True):
+        assert a.shape == b.shape and torch.equal(a.isinf(), b.isinf())  # tokens never generated: -inf in both
+        real = ~b.isinf()
+        assert (a[real] - b[real]).abs().max() <= tol * b[real].abs().max()
+
+
+@pytest.mark.parametrize("dtype", ["float32", "int8"])
+def test_fused_greedy_and_beam_give_the_operator_steps_tokens(dtype: str) -> None:
+    fused, plain = nets(dtype, norm="pre", activation="relu")
+    for config in (GenerationConfig(max_new_tokens=12), GenerationConfig(max_new_tokens=12, beam_size=3)):
+        with torch.inference_mode():
+            a, b = generate(fused, SOURCES, config, max_rows=8), generate(plain, SOURCES, config, max_rows=8)
+        assert [h[0].tokens for h in a] == [h[0].tokens for h in b]
+
+
+def test_an_int8_row_is_the_same_alone_and_in_any_batch() -> None:
+    """int8 sums are exact integers in any order, and each row's other arithmetic is its own: bit for bit equal."""
+    fused, _ = nets("int8", norm="pre", activation="relu")
+    config = GenerationConfig(max_new_tokens=12)
+    with torch.inference_mode():
+        together = generate(fused, SOURCES, config, max_rows=8)
+        alone = [generate(fused, [s], config, max_rows=1)[0] for s in SOURCES]
+    assert [(h[0].tokens, h[0].score) for h in together] == [(h[0].tokens, h[0].score) for h in alone]
+
+
+@pytest.mark.parametrize(("inputs", "terms"), [(64, 48), (1024, 256)])
+def test_int8_product_equals_fbgemm_with_a_fixed_range(inputs: int, terms: int) -> None:
+    """The same integer sums and scaling as fbgemm's product, saturating values outside the range alike."""
+    torch.manual_seed(0)
+    linear = quantized(nn.Linear(inputs, terms))
+    x = torch.randn(5, inputs) * torch.tensor([0.05, 1.0, 3.0, 0.5, 8.0])[:, None]
+    reference = Projection([linear])
+    reference.set_range(float(x.min()) * 0.7, float(x.max()) * 0.7)  # the largest row saturates
+    got = _weights([linear])
+    assert got is not None and reference.static is not None
+    scale, zero_point = reference.static
+    y = np.empty((5, terms), np.float32)
+    quant = np.array([1 / scale, scale, zero_point, 1], np.float32)
+    _product(x.numpy(), *got, quant, 0, np.empty((0, 0), np.float32), y)
+    expected = reference(x)
+    assert (torch.from_numpy(y) - expected).abs().max() <= 1e-6 * expected.abs().max()
+
+
+def test_calibration_and_dynamic_int8_keep_the_operator_step() -> None:
+    """Calibrating observes every product's inputs, and int8 without fixed ranges scales per call: neither is the
+    fused step's arithmetic, so the network steps operator by operator then."""
+    model = quantize_int8(tiny_model(tiny_config()))
+    net = freeze(model)
+    assert isinstance(net.fused, FusedStep) and not net.fused.ready()  # int8 without ranges
+    float_net = freeze(tiny_model(tiny_config()))
+    assert float_net.fused is not None and float_net.fused.ready()
+    for p in float_net.projections().values():
+        p.observed = torch.full((2,), math.inf)
+    float_net.products_changed()
+    assert not float_net.fused.ready()
