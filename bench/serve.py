@@ -191,6 +191,43 @@ def offline(loaded: LoadedModel, sentences: list[str], args: argparse.Namespace,
     return best
 
 
+def ct2_offline(model_dir: Path, sentences: list[str], args: argparse.Namespace) -> dict[str, Any]:
+    """CTranslate2's `translate_batch` on the same weights (bench/ct2_convert.py), precision and sentences, offline:
+    the median time of one sentence at a time on one thread, and sentences/s in batches of 32 on two threads, the
+    reference points of the engine-speed goals. Tokenizing is left out of CTranslate2's time (it is in the server's)."""
+    import ctranslate2
+    from ct2_convert import TolkConverter, banned_pieces
+
+    from model.marian_format import spm_pieces
+
+    ct2_dir = args.work / f"{model_dir.name}-ct2"
+    TolkConverter(model_dir).convert(str(ct2_dir), force=True)
+    loaded = load(model_dir, device="cpu")
+    pieces = loaded.tokenizer.vocab or spm_pieces(model_dir / "source.spm")
+    sources = [[pieces[i] for i in loaded.tokenizer.encode(s)] for s in sentences]
+    suppress = [[p] for p in banned_pieces(model_dir)] or None
+    compute_type = "int8" if args.dtype == "int8" else "float32"
+    result: dict[str, Any] = {"compute_type": compute_type, "version": ctranslate2.__version__}
+    for threads, batch in ((1, 1), (2, 32)):
+        translator = ctranslate2.Translator(str(ct2_dir), device="cpu", compute_type=compute_type,
+                                            inter_threads=1, intra_threads=threads)
+        options = {"beam_size": 1, "max_decoding_length": args.max_new_tokens, "suppress_sequences": suppress}
+        translator.translate_batch(sources[:batch], **options)  # warm-up
+        times = []
+        start = time.perf_counter()
+        for i in range(0, len(sources), batch):
+            t = time.perf_counter()
+            translator.translate_batch(sources[i: i + batch], **options, max_batch_size=0)
+            times.append(time.perf_counter() - t)
+        elapsed = time.perf_counter() - start
+        if batch == 1:
+            result["one_at_a_time_p50_ms"] = 1000 * percentile(times, 0.5)
+        else:
+            result["batch32_sentences_per_s"] = len(sources) / elapsed
+        del translator
+    return result
+
+
 def synchronize(device: torch.device) -> None:
     """Let queued GPU work finish before the clock is read."""
     if device.type == "cuda":
@@ -227,6 +264,9 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--device", default="cpu")
     p.add_argument("--dtype", default="float32", choices=["float32", "float16", "bfloat16", "int8", "float16w"],
                    help="of the servers and of the offline run")
+    p.add_argument("--ct2", action="store_true",
+                   help="also CTranslate2 offline on the same weights and sentences (one at a time, 1 thread; "
+                        "batches of 32, 2 threads), and the server's ratios to it")
     p.add_argument("--port", type=int, default=8765)
     p.add_argument("--work", type=Path, default=Path(tempfile.gettempdir()) / "tolk-bench")
     p.add_argument("--out", type=Path, default=ROOT / "bench" / "results" / "serve.json")
@@ -315,12 +355,26 @@ def main() -> int:
         }
         print(f"{clients:>3} clients: batched/unbatched {summary[str(clients)]['speedup_vs_unbatched']:.2f}x, "
               f"batched/offline {summary[str(clients)]['fraction_of_offline']:.0%} (tokens/s)")
+    measured = max(r["requests"] for r in rows if not r["stream"])  # the sentences the plain phases sent
+    ct2 = ct2_offline(model_dir, sentences[:measured], args) if args.ct2 else None
+    if ct2 is not None:
+        one = next(r for r in rows if r["clients"] == 1 and r["server"] == "batched" and not r["stream"])
+        print(f"\nCTranslate2 {ct2['version']} {ct2['compute_type']} offline: one sentence at a time (1 thread) "
+              f"{ct2['one_at_a_time_p50_ms']:.1f} ms median; batches of 32 (2 threads) "
+              f"{ct2['batch32_sentences_per_s']:.1f} sentences/s")
+        print(f"  the server, 1 client: {one['latency_p50_ms']:.1f} ms median "
+              f"({one['latency_p50_ms'] - ct2['one_at_a_time_p50_ms']:+.1f} ms against CTranslate2)")
+        for clients in args.clients:
+            r = next(r for r in rows if r["clients"] == clients and r["server"] == "batched" and not r["stream"])
+            ct2[f"server_{clients}_clients_ratio"] = r["sentences_per_s"] / ct2["batch32_sentences_per_s"]
+            print(f"  the server, {clients} clients: {r['sentences_per_s']:.1f} sentences/s, "
+                  f"{ct2[f'server_{clients}_clients_ratio']:.2f}x CTranslate2's batches of 32")
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps({
         "model": str(model_dir), "device": args.device, "dtype": args.dtype, "threads": args.threads, "rows": args.rows,
         "max_new_tokens": args.max_new_tokens, "machine": machine(loaded), "quick": args.quick,
         "offline": reference, "offline_one_row": single, "batching_ceiling": ceiling, "phases": rows,
-        "summary": summary,
+        "summary": summary, "ct2": ct2,
     }, indent=2) + "\n")
     try:
         from plots import load_plot  # matplotlib, bench extra

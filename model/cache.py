@@ -9,6 +9,7 @@ rows is one copy, whatever the depth.
 
 from __future__ import annotations
 
+import numpy as np
 import torch
 from torch import Tensor
 
@@ -41,6 +42,14 @@ class KVCache:
         # positions t_lo..t_hi, source lengths s_lo..s_hi. Equal bounds mean no key is padding: no mask.
         self.t_lo = self.t_hi = 0
         self.s_lo = self.s_hi = 0
+        self._host: tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray] | None = None
+
+    def host_views(self) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+        """pos, src_mask, self_kv and cross_kv as numpy arrays over the same memory (CPU only): what the fused step
+        (model.fused_step) reads and writes. Made once: the buffers never move."""
+        if self._host is None:
+            self._host = (self.pos.numpy(), self.src_mask.numpy(), self.self_kv.numpy(), self.cross_kv.numpy())
+        return self._host
 
     @property
     def nbytes(self) -> int:

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, cast
+from typing import TYPE_CHECKING, Any, cast
 
 import numpy as np
 import torch
@@ -197,7 +197,7 @@ def _attend(q, k, v, n, out, weights):  # type: ignore[no-untyped-def]  # pragma
 
 
 @njit(fastmath=FAST, nogil=True, cache=True)
-def _step(tokens, pos, src_mask, table, positions, emb_scale, self_kv, cross_kv,  # type: ignore[no-untyped-def]
+def _step(tokens, pos, src_mask, self_kv, cross_kv, table, positions, emb_scale,  # type: ignore[no-untyped-def]
           norm_w, norm_b, eps, pre, final_w, final_b, act,
           w_qkv, s_qkv, b_qkv, q_qkv, w_o, s_o, b_o, q_o, w_cq, s_cq, b_cq, q_cq,
           w_co, s_co, b_co, q_co, w_1, s_1, b_1, q_1, w_2, s_2, b_2, q_2,
@@ -288,7 +288,8 @@ def _weights(linears: Sequence[torch.nn.Module]) -> tuple[np.ndarray, np.ndarray
         w = torch.cat([p.int_repr() for p in parts]).numpy()
         scale = np.concatenate([np.full(p.shape[0], p.q_scale(), np.float32) for p in parts])
     elif all(isinstance(m, torch.nn.Linear) and m.weight.dtype == torch.float32 for m in linears):
-        w = torch.cat([cast(torch.nn.Linear, m).weight.detach() for m in linears]).numpy()
+        dense = [cast(torch.nn.Linear, m).weight.detach() for m in linears]
+        w = (dense[0] if len(dense) == 1 else torch.cat(dense)).numpy()  # one map: the module's own memory
         scale = np.ones(w.shape[0], np.float32)
     else:
         return None
@@ -313,6 +314,7 @@ class FusedStep:
         self.pre, self.act, self.eps = pre, act, eps
         self.quant: dict[str, np.ndarray] | None = None  # inputs' fixed ranges, read from the products when first used
         self.usable: bool | None = None
+        self.args: tuple[Any, ...] | None = None
 
     @classmethod
     def build(cls, model: Transformer, net: FrozenTransformer) -> FusedStep | None:
@@ -363,18 +365,14 @@ class FusedStep:
         a, L = self.arrays, self.net.cfg.decoder_layers
         H, Dh = self.net.cfg.n_heads, self.net.cfg.head_dim
         off = {name: np.zeros((L, 4), np.float32) for name in PRODUCTS} | {"out": np.zeros(4, np.float32)}
-        _step(np.zeros(1, np.int64), np.zeros(1, np.int64), np.ones((1, 1), np.bool_), a["table"], a["positions"],  # type: ignore[call-arg]
-              np.float32(1.0), np.zeros((L, 2, 1, H, 2, Dh), np.float32), np.zeros((L, 2, 1, H, 1, Dh), np.float32),
-              a["norm_w"], a["norm_b"], np.float32(self.eps), self.pre, a["final_w"], a["final_b"], self.act,
-              *self._product_args(off), np.empty((1, a["w_out"].shape[0]), np.float32), np.zeros((1, 1), np.float32))
-
-    def _product_args(self, quant: dict[str, np.ndarray]) -> list[np.ndarray]:
-        a = self.arrays
-        return [x for name in (*PRODUCTS, "out") for x in (a[f"w_{name}"], a[f"s_{name}"], a[f"b_{name}"], quant[name])]
+        _step(np.zeros(1, np.int64), np.zeros(1, np.int64), np.ones((1, 1), np.bool_),  # type: ignore[call-arg]
+              np.zeros((L, 2, 1, H, 2, Dh), np.float32), np.zeros((L, 2, 1, H, 1, Dh), np.float32),
+              *self._args(off, np.float32(1.0)), np.empty((1, a["w_out"].shape[0]), np.float32),
+              np.zeros((1, 1), np.float32))
 
     def changed(self) -> None:
         """The products' input ranges or calibration state changed: read them again before the next step."""
-        self.quant, self.usable = None, None
+        self.quant, self.usable, self.args = None, None, None
 
     def _quant(self) -> dict[str, np.ndarray] | None:
         """Per product (L, 4) or (4,): 1 / input scale, input scale, zero point, on; None while int8 has no fixed
@@ -396,23 +394,31 @@ class FusedStep:
         if self.usable is None:
             self.quant = self._quant()
             self.usable = self.quant is not None
+            self.args = self._args(self.quant, np.float32(self.net.scale)) if self.quant is not None else None
         return self.usable
+
+    def _args(self, quant: dict[str, np.ndarray], emb_scale: np.float32) -> tuple[Any, ...]:
+        """`_step`'s arguments after the cache's: the weights, settings and input ranges, built once."""
+        a = self.arrays
+        products = [x for name in (*PRODUCTS, "out")
+                    for x in (a[f"w_{name}"], a[f"s_{name}"], a[f"b_{name}"], quant[name])]
+        return (a["table"], a["positions"], emb_scale, a["norm_w"], a["norm_b"], np.float32(self.eps), self.pre,
+                a["final_w"], a["final_b"], self.act, *products)
 
     def __call__(self, tokens: Tensor, cache: KVCache, align: list[Tensor] | None = None) -> Tensor:
         """Rows 0..B-1 advance by one token each: tokens (B,) -> logits (B, V); the cache's positions move on.
 
         `align` gets the last layer's cross-attention weights averaged over heads (B, S), as `decode_step`'s.
         """
-        a, q = self.arrays, self.quant
-        if q is None:
+        if self.args is None:
             raise RuntimeError("the fused step runs only once ready() says so")
         B = tokens.shape[0]
-        logits = torch.empty(B, a["w_out"].shape[0])
+        logits = torch.empty(B, self.arrays["w_out"].shape[0])
         weights = torch.zeros(B, cache.max_src) if align is not None else torch.empty(0, 0)
-        _step(tokens.numpy(), cache.pos.numpy(), cache.src_mask.numpy(), a["table"], a["positions"],  # type: ignore[call-arg]
-              np.float32(self.net.scale), cache.self_kv.numpy(), cache.cross_kv.numpy(),
-              a["norm_w"], a["norm_b"], np.float32(self.eps), self.pre, a["final_w"], a["final_b"], self.act,
-              *self._product_args(q), logits.numpy(), weights.numpy())
+        pos, src_mask, self_kv, cross_kv = cache.host_views()
+        # tokens: a column of the row state (strided); one contiguous layout keeps to one compiled signature
+        _step(np.ascontiguousarray(tokens.numpy()), pos, src_mask, self_kv, cross_kv,  # type: ignore[call-arg]
+              *self.args, logits.numpy(), weights.numpy())
         cache.advance(B, on_device=False)
         if align is not None:
             align.append(weights[:, : cache.s_hi])
