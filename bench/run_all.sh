@@ -17,11 +17,13 @@ set -x
     --out bench/results/quality-beam4.json
 "$PYTHON" bench/serve.py --model weights/en-pt --sentences data/corpus/test.en --max-new-tokens 256
 "$PYTHON" bench/serve.py --dtype int8 --threads 1 --model weights/en-pt --sentences data/corpus/test.en \
-    --max-new-tokens 256 --clients 1 8 32 64 --requests 384 --stream-requests 64 --out bench/results/serve-int8.json
+    --max-new-tokens 256 --clients 1 8 32 64 --requests 384 --stream-requests 64 --ct2 \
+    --out bench/results/serve-int8.json
 "$PYTHON" bench/serve.py --random 512x6x8000 --dtype int8 --threads 1 --clients 1 8 32 --requests 128 \
     --stream-requests 32 --out bench/results/serve-random-int8.json
 "$PYTHON" bench/scheduler_process.py
 "$PYTHON" bench/admission.py
+"$PYTHON" bench/fused_step.py
 "$PYTHON" bench/one_row.py
 "$PYTHON" bench/int8_products.py
 "$PYTHON" bench/int8_ranges.py

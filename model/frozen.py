@@ -21,6 +21,7 @@ import logging
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any, cast
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
@@ -30,10 +31,10 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 from model.cache import KVCache
 
 try:  # numba: the CPU's fused step; without it (the GPU script's bare machine) steps run operator by operator
-    from model.fused_step import FusedStep
+    from model.fused_step import FusedStep, attend_rows
 except (ImportError, RuntimeError) as exc:  # pragma: no cover - RuntimeError: numba finds no writable cache
     logging.getLogger(__name__).warning("the fused CPU decode step is off (%s); set NUMBA_CACHE_DIR", exc)
-    FusedStep = None  # type: ignore[assignment,misc]
+    FusedStep = attend_rows = None  # type: ignore[assignment,misc]
 from model.layers import ACTIVATION_FUNCTIONS, Attention, DecoderLayer, EncoderLayer
 
 if TYPE_CHECKING:
@@ -292,25 +293,45 @@ class FrozenDecoderLayer:
         self.norms = Norms([layer.self_res.norm, layer.cross_res.norm, layer.ff_res.norm], layer.self_res.pre_norm)
 
     def step(self, x: Tensor, cache: KVCache, i: int, self_mask: Tensor | None, cross_mask: Tensor | None,
-             pos: Tensor | None = None, align: list[Tensor] | None = None) -> Tensor:
+             pos: Tensor | None = None, align: list[Tensor] | None = None,
+             lengths: tuple[np.ndarray, np.ndarray] | None = None) -> Tensor:
         """One new token per row: x (B, D); this is decoder layer i. Masks are None when no key is padding.
 
         With `pos` (B,), the rows' positions on the device, attention runs over the whole cache buffers (shapes
         fixed, no host-side bounds): the form a CUDA graph can capture. With `align`, the cross-attention
-        weights averaged over heads (B, S) are appended to it.
+        weights averaged over heads (B, S) are appended to it. With `lengths` (the rows' target and source
+        lengths, on the CPU), attention runs row by row over those lengths (model.fused_step.attend_rows).
         """
         B, D = x.shape
         qkv = self.qkv(self.norms.inp(x, 0)).view(B, 3, self.H, -1)  # (B, 3, H, Dh)
         k, v = cache.write(i, qkv[:, 1:]) if pos is None else cache.write_at(i, qkv[:, 1:], pos)  # (B, H, T, Dh)
-        a = attend_one(qkv[:, 0, :, None], k, v, self_mask)  # (B, H, 1, Dh)
+        if lengths is not None:
+            a = self.attend_rows(qkv.view(B, -1), cache.host_views()[2][i, :, :B], lengths[0], None)
+        else:
+            a = attend_one(qkv[:, 0, :, None], k, v, self_mask)  # (B, H, 1, Dh)
         x = self.norms.out(self.o(a.view(B, D), residual=x), 0)
         q = self.cross_q(self.norms.inp(x, 1)).view(B, self.H, 1, -1)
+        if lengths is not None:
+            a = self.attend_rows(q.view(B, D), cache.host_views()[3][i, :, :B], lengths[1], align)
+            x = self.norms.out(self.cross_o(a, residual=x), 1)
+            return self.norms.out(self.fc2(self.fc1(self.norms.inp(x, 2)), residual=x), 2)
         ck, cv = cache.cross(i, B, whole=pos is not None)  # (B, H, S, Dh)
         a = attend_one(q, ck, cv, cross_mask)
         if align is not None:
             align.append(cross_weights(q, ck, cross_mask))
         x = self.norms.out(self.cross_o(a.view(B, D), residual=x), 1)
         return self.norms.out(self.fc2(self.fc1(self.norms.inp(x, 2)), residual=x), 2)
+
+    @staticmethod
+    def attend_rows(q: Tensor, kv: np.ndarray, lengths: np.ndarray, align: list[Tensor] | None) -> Tensor:
+        """q (B, >= D) over the K/V buffers kv (2, B, H, T, Dh) row by row -> (B, D); align as in `step`."""
+        B, H, T, Dh = kv.shape[1:]
+        out = torch.empty(B, H * Dh)
+        weights = torch.zeros(B, T) if align is not None else torch.empty(0, 0)
+        attend_rows(np.ascontiguousarray(q.numpy()), kv[0], kv[1], lengths, out.numpy(), weights.numpy())
+        if align is not None:
+            align.append(weights[:, : int(lengths.max())])
+        return out
 
 
 class FrozenTransformer:
@@ -409,11 +430,17 @@ class FrozenTransformer:
         if fused is not None and fused.max_rows >= B and fused.ready():
             return fused(tokens, cache, align)
         x = self.embed(self.tgt_table, tokens, self.positions[cache.pos[:B]])  # (B, D), row b at its own position
-        self_mask, cross_mask = cache.masks(B)
+        lengths, self_mask, cross_mask = None, None, None
+        if attend_rows is not None and x.device.type == "cpu" and x.dtype == torch.float32:
+            pos, src_mask = cache.host_views()[:2]
+            lengths = (pos[:B] + 1, src_mask[:B].sum(1))  # each row's keys: its tokens so far, its source
+        else:
+            self_mask, cross_mask = cache.masks(B)
         last = len(self.decoder) - 1
         with attention_kernels(self.device):
             for i, layer in enumerate(self.decoder):
-                x = layer.step(x, cache, i, self_mask, cross_mask, align=align if i == last else None)
+                x = layer.step(x, cache, i, self_mask, cross_mask, align=align if i == last else None,
+                               lengths=lengths)
         cache.advance(B)
         return self.out(self.final.norm(x, 1) if self.final else x)
 

@@ -50,27 +50,30 @@ def greedy_by_recomputation(model: Transformer, src: list[int], max_new: int) ->
     return out[1:]
 
 
-def stepped_logits(model: Transformer, src: torch.Tensor, tgt: torch.Tensor, prepack: bool = True) -> torch.Tensor:
+def stepped_logits(model: Transformer, src: torch.Tensor, tgt: torch.Tensor, prepack: bool = True,
+                   fused: bool = True) -> torch.Tensor:
     """Logits (B, T, V) of the frozen network fed tgt one token per step through its KV cache."""
     with torch.no_grad():
-        net = freeze(model, prepack=prepack)
+        net = freeze(model, prepack=prepack, fused=fused)
         cache = net.new_cache(rows=src.shape[0], max_src=src.shape[1], max_tgt=tgt.shape[1] + 2)
         memory, mask = net.encode(src)
         cache.admit(0, net.cross_kv(memory), mask)
         return torch.stack([net.decode_step(tgt[:, t], cache) for t in range(tgt.shape[1])], 1)
 
 
-@pytest.mark.parametrize("prepack", [True, False])
+@pytest.mark.parametrize(("prepack", "fused"), [(True, True), (False, True), (True, False)])
 @pytest.mark.parametrize(("norm", "activation", "rows"), [
     ("post", "swish", 2), ("pre", "gelu", 2), ("post", "relu", 9), ("pre", "relu", 1)])
-def test_cached_logits_equal_full_recomputation(norm: str, activation: str, rows: int, prepack: bool) -> None:
+def test_cached_logits_equal_full_recomputation(norm: str, activation: str, rows: int, prepack: bool,
+                                                fused: bool) -> None:
+    """Through the fused step (up to its rows) and the operator-by-operator one (with row-wise attention)."""
     model = tiny_model(tiny_config(norm=norm, activation=activation))
     src = torch.tensor([[5, 6, 7, 8, 9, 2], [10, 11, 2, 0, 0, 0]] * (rows // 2) + [[20, 2, 0, 0, 0, 0]] * (rows % 2))
     tgt = torch.randint(4, 90, (rows, 5), generator=torch.Generator().manual_seed(0))
     tgt[:, 0] = 1
     with torch.no_grad():
         full = model(src, tgt)  # (rows, 5, V) through the modules
-    torch.testing.assert_close(stepped_logits(model, src, tgt, prepack), full, atol=1e-5, rtol=1e-4)
+    torch.testing.assert_close(stepped_logits(model, src, tgt, prepack, fused), full, atol=1e-5, rtol=1e-4)
 
 
 @pytest.mark.skipif(not torch.backends.mkldnn.is_available(), reason="a torch build without oneDNN")
