@@ -427,7 +427,7 @@ class FrozenTransformer:
         """
         B = tokens.shape[0]
         fused = self.fused
-        if fused is not None and fused.max_rows >= B and fused.ready():
+        if fused is not None and fused.takes(B):
             return fused(tokens, cache, align)
         x = self.embed(self.tgt_table, tokens, self.positions[cache.pos[:B]])  # (B, D), row b at its own position
         lengths, self_mask, cross_mask = None, None, None

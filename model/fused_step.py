@@ -319,6 +319,11 @@ class FusedStep:
     # Up to this many rows the fused step is faster than the operator-by-operator one on the 2-core AVX2 EPYC
     # (int8: 3.5x at 1 row, 1.1-1.5x at 8, 0.8-1.0x at 16; float32 wins further; docs/benchmarks.md).
     max_rows = 8
+    # The fused step runs on one thread. With more torch threads, the operator step's products split over the
+    # cores, which pays where reading the weights is the step's cost: on the OPUS-MT geometry in float32 (208 MB a
+    # step) the operator step was 1.13x faster with 2 threads, the fused one 1.05-1.15x faster with 1. Up to this
+    # many bytes of weights (the shipped models: 16 MB float32, 4 MB int8) it is faster with 2 threads as well.
+    threaded_max_bytes = 32 << 20
 
     def __init__(self, arrays: dict[str, np.ndarray], projections: dict[str, Projection], net: FrozenTransformer,
                  pre: bool, act: int, eps: float) -> None:
@@ -327,6 +332,7 @@ class FusedStep:
         self.quant: dict[str, np.ndarray] | None = None  # inputs' fixed ranges, read from the products when first used
         self.usable: bool | None = None
         self.args: tuple[Any, ...] | None = None
+        self.weight_bytes = sum(a.nbytes for name, a in arrays.items() if name.startswith("w_"))
 
     @classmethod
     def build(cls, model: Transformer, net: FrozenTransformer) -> FusedStep | None:
@@ -401,6 +407,12 @@ class FusedStep:
                 rows.append([1.0 / scale, scale, zp, 1.0 if p.static is not None else 0.0])
             quant[name] = np.array(rows if name != "out" else rows[0], np.float32)
         return quant
+
+    def takes(self, rows: int) -> bool:
+        """Whether a step of this many rows is the fused step's (and it can run: `ready`)."""
+        if rows > self.max_rows or (self.weight_bytes > self.threaded_max_bytes and torch.get_num_threads() > 1):
+            return False
+        return self.ready()
 
     def ready(self) -> bool:
         if self.usable is None:

@@ -116,3 +116,22 @@ def test_calibration_and_dynamic_int8_keep_the_operator_step() -> None:
         p.observed = torch.full((2,), math.inf)
     float_net.products_changed()
     assert not float_net.fused.ready()
+
+
+def test_with_several_threads_only_small_weights_take_the_fused_step() -> None:
+    """One thread: the fused step up to its rows. More threads: only where its weights are few bytes (the operator
+    step's products use every thread, which pays when reading large weights is the step's cost)."""
+    net = freeze(tiny_model(tiny_config()))
+    assert net.fused is not None
+    threads = torch.get_num_threads()
+    try:
+        torch.set_num_threads(1)
+        assert net.fused.takes(net.fused.max_rows) and not net.fused.takes(net.fused.max_rows + 1)
+        torch.set_num_threads(2)
+        assert net.fused.takes(1)
+        net.fused.threaded_max_bytes = net.fused.weight_bytes - 1
+        assert not net.fused.takes(1)
+        torch.set_num_threads(1)
+        assert net.fused.takes(1)
+    finally:
+        torch.set_num_threads(threads)
