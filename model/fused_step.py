@@ -26,6 +26,7 @@ import numpy as np
 import torch
 from numba import njit
 from torch import Tensor
+from torch.ao.nn.quantized.dynamic import Linear as QuantizedLinear
 
 if TYPE_CHECKING:
     from model.cache import KVCache
@@ -287,8 +288,6 @@ def _step(tokens, pos, src_mask, self_kv, cross_kv, table, positions, emb_scale,
 
 def _weights(linears: Sequence[torch.nn.Module]) -> tuple[np.ndarray, np.ndarray, np.ndarray] | None:
     """The stacked weight (N, K) as float32 or int8, a scale per output and the bias; None if not supported."""
-    from torch.ao.nn.quantized.dynamic import Linear as QuantizedLinear
-
     from model.frozen import int8_weight_bias, stacked_bias
 
     if all(isinstance(m, QuantizedLinear) for m in linears):
@@ -311,6 +310,12 @@ def _weights(linears: Sequence[torch.nn.Module]) -> tuple[np.ndarray, np.ndarray
 
 
 PRODUCTS = ("qkv", "o", "cross_q", "cross_o", "fc1", "fc2")
+# Models whose decoder and output weights take more bytes keep the operator step. There reading the weights is the
+# step's cost, which the operator step's products split over every torch thread: on the OPUS-MT geometry in float32
+# (208 MB a step) it was 1.13x faster than the fused step with 2 threads (the fused one 1.05-1.15x faster with 1),
+# and the fused step's own copy of the weights would add as much memory again. The shipped models take 16 MB
+# (float32) and 4 MB (int8) and are faster fused with 2 threads as well (docs/benchmarks.md).
+MAX_WEIGHT_BYTES = 32 << 20
 
 
 class FusedStep:
@@ -319,11 +324,6 @@ class FusedStep:
     # Up to this many rows the fused step is faster than the operator-by-operator one on the 2-core AVX2 EPYC
     # (int8: 3.5x at 1 row, 1.1-1.5x at 8, 0.8-1.0x at 16; float32 wins further; docs/benchmarks.md).
     max_rows = 8
-    # The fused step runs on one thread. With more torch threads, the operator step's products split over the
-    # cores, which pays where reading the weights is the step's cost: on the OPUS-MT geometry in float32 (208 MB a
-    # step) the operator step was 1.13x faster with 2 threads, the fused one 1.05-1.15x faster with 1. Up to this
-    # many bytes of weights (the shipped models: 16 MB float32, 4 MB int8) it is faster with 2 threads as well.
-    threaded_max_bytes = 32 << 20
 
     def __init__(self, arrays: dict[str, np.ndarray], projections: dict[str, Projection], net: FrozenTransformer,
                  pre: bool, act: int, eps: float) -> None:
@@ -332,13 +332,16 @@ class FusedStep:
         self.quant: dict[str, np.ndarray] | None = None  # inputs' fixed ranges, read from the products when first used
         self.usable: bool | None = None
         self.args: tuple[Any, ...] | None = None
-        self.weight_bytes = sum(a.nbytes for name, a in arrays.items() if name.startswith("w_"))
 
     @classmethod
     def build(cls, model: Transformer, net: FrozenTransformer) -> FusedStep | None:
         """From the modules (float32 or int8), before their weights are released; None where not supported."""
         cfg = net.cfg
         if net.device.type != "cpu" or net.tgt_table.dtype != torch.float32 or cfg.activation not in ACTIVATIONS:
+            return None
+        itemsize = 1 if isinstance(model.out_proj, QuantizedLinear) else 4
+        D, F, L = cfg.d_model, cfg.d_ff, cfg.decoder_layers
+        if (L * (6 * D * D + 2 * D * F) + cfg.tgt_vocab_size * D) * itemsize > MAX_WEIGHT_BYTES:
             return None
         arrays: dict[str, np.ndarray] = {}
         decoder = cast("list[DecoderLayer]", list(model.decoder))
@@ -410,9 +413,7 @@ class FusedStep:
 
     def takes(self, rows: int) -> bool:
         """Whether a step of this many rows is the fused step's (and it can run: `ready`)."""
-        if rows > self.max_rows or (self.weight_bytes > self.threaded_max_bytes and torch.get_num_threads() > 1):
-            return False
-        return self.ready()
+        return rows <= self.max_rows and self.ready()
 
     def ready(self) -> bool:
         if self.usable is None:

@@ -9,7 +9,7 @@ import pytest
 import torch
 from torch import nn
 
-from model import calibrate
+from model import calibrate, fused_step
 from model.checkpoint import quantize_int8
 from model.decode import DecodeBatch
 from model.frozen import FrozenTransformer, Projection, freeze
@@ -118,20 +118,10 @@ def test_calibration_and_dynamic_int8_keep_the_operator_step() -> None:
     assert not float_net.fused.ready()
 
 
-def test_with_several_threads_only_small_weights_take_the_fused_step() -> None:
-    """One thread: the fused step up to its rows. More threads: only where its weights are few bytes (the operator
-    step's products use every thread, which pays when reading large weights is the step's cost)."""
-    net = freeze(tiny_model(tiny_config()))
-    assert net.fused is not None
-    threads = torch.get_num_threads()
-    try:
-        torch.set_num_threads(1)
-        assert net.fused.takes(net.fused.max_rows) and not net.fused.takes(net.fused.max_rows + 1)
-        torch.set_num_threads(2)
-        assert net.fused.takes(1)
-        net.fused.threaded_max_bytes = net.fused.weight_bytes - 1
-        assert not net.fused.takes(1)
-        torch.set_num_threads(1)
-        assert net.fused.takes(1)
-    finally:
-        torch.set_num_threads(threads)
+def test_models_with_many_bytes_of_weights_keep_the_operator_step(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Where reading the weights is the step's cost the operator step splits it over the threads, and a second
+    copy of large weights would cost memory: above MAX_WEIGHT_BYTES no fused step is built."""
+    model = tiny_model(tiny_config())
+    assert freeze(model).fused is not None
+    monkeypatch.setattr(fused_step, "MAX_WEIGHT_BYTES", 1000)
+    assert freeze(model).fused is None
