@@ -169,6 +169,18 @@ def _norm(x, w, b, eps, out):  # type: ignore[no-untyped-def]  # pragma: no cove
 
 
 @njit(fastmath=FAST, nogil=True, cache=True)
+def _next(x, h, norm_w, norm_b, j, eps, pre):  # type: ignore[no-untyped-def]  # pragma: no cover - compiled
+    """h holds sublayer j's residual sum: x becomes the stream and h the input of sublayer j + 1 (pre-norm: the
+    stream normalised by norm j + 1; post-norm: the sum normalised by norm j, which is also the stream)."""
+    if pre:
+        x[:] = h
+        _norm(x, norm_w[j + 1], norm_b[j + 1], eps, h)
+    else:
+        _norm(h, norm_w[j], norm_b[j], eps, x)
+        h[:] = x
+
+
+@njit(fastmath=FAST, nogil=True, cache=True)
 def _attend(q, k, v, n, out, weights):  # type: ignore[no-untyped-def]  # pragma: no cover - compiled
     """One query q (H * Dh,) over the first n keys and values k, v (H, T, Dh) into out (H * Dh,); the attention
     weights averaged over heads are added into `weights` (T,) unless it is empty."""
@@ -251,12 +263,7 @@ def _step(tokens, pos, src_mask, self_kv, cross_kv, table, positions, emb_scale,
                     self_kv[i, 1, r, hh, t, d] = qkv[r, 2 * D + hh * Dh + d]
             _attend(qkv[r, :D], self_kv[i, 0, r], self_kv[i, 1, r], t + 1, a[r], no_weights)
         _product(a, w_o[i], s_o[i], b_o[i], q_o[i], 0, x, h)
-        if pre:
-            x[:] = h
-            _norm(x, norm_w[i, 1], norm_b[i, 1], eps, h)
-        else:
-            _norm(h, norm_w[i, 0], norm_b[i, 0], eps, x)
-            h[:] = x
+        _next(x, h, norm_w[i], norm_b[i], 0, eps, pre)
         # cross-attention over each row's own source length
         q = np.empty((B, D), np.float32)
         _product(h, w_cq[i], s_cq[i], b_cq[i], q_cq[i], 0, none, q)
@@ -264,12 +271,7 @@ def _step(tokens, pos, src_mask, self_kv, cross_kv, table, positions, emb_scale,
             weights = align[r] if i == L - 1 and align.shape[0] > 0 else no_weights
             _attend(q[r], cross_kv[i, 0, r], cross_kv[i, 1, r], lengths[r], a[r], weights)
         _product(a, w_co[i], s_co[i], b_co[i], q_co[i], 0, x, h)
-        if pre:
-            x[:] = h
-            _norm(x, norm_w[i, 2], norm_b[i, 2], eps, h)
-        else:
-            _norm(h, norm_w[i, 1], norm_b[i, 1], eps, x)
-            h[:] = x
+        _next(x, h, norm_w[i], norm_b[i], 1, eps, pre)
         # feed-forward
         _product(h, w_1[i], s_1[i], b_1[i], q_1[i], act, none, f)
         _product(f, w_2[i], s_2[i], b_2[i], q_2[i], 0, x, h)
