@@ -9,15 +9,17 @@ import pytest
 import torch
 from torch import nn
 
-from model import calibrate, fused_step
-from model.checkpoint import quantize_int8
-from model.decode import DecodeBatch
-from model.frozen import FrozenTransformer, Projection, freeze
-from model.fused_step import FusedStep, _product, _weights
-from model.generation import GenerationConfig
-from model.search import generate
-from tests.test_int8_ranges import quantized
-from tests.tiny import tiny_config, tiny_model
+pytest.importorskip("numba", reason="the fused step needs numba (the GPU script's bare machine lacks it)")
+
+from model import calibrate, fused_step  # noqa: E402
+from model.checkpoint import quantize_int8  # noqa: E402
+from model.decode import DecodeBatch  # noqa: E402
+from model.frozen import FrozenTransformer, Projection, freeze  # noqa: E402
+from model.fused_step import FusedStep, _product, _weights  # noqa: E402
+from model.generation import GenerationConfig  # noqa: E402
+from model.search import generate  # noqa: E402
+from tests.test_int8_ranges import quantized  # noqa: E402
+from tests.tiny import tiny_config, tiny_model  # noqa: E402
 
 SOURCES = [[5, 9, 14, 22, 7, 2], [30, 2], [11, 12, 13, 14, 15, 16, 17, 18, 19, 2], [40, 41, 42, 2], [8, 60, 2]]
 
