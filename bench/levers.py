@@ -3,7 +3,8 @@
 1. stages: where offline `generate` spends its time on real sentences (encoder, decoder step, search, packing rows).
 2. encoder: real source tokens per second encoding one, 16 or 64 sentences at a time, with the padding ratio that
    the packed encoder (model.frozen.Packing) no longer computes.
-3. argmax: torch's argmax against model.search.argmax (chunk maxima), microseconds a call.
+3. argmax: torch's argmax against model.search.argmax (numpy's on the CPU), microseconds a call; and torch's topk
+   against model.search.top_k's chunk maxima, per vocabulary width.
 4. scores: offline greedy with and without token log-probs (GenerationConfig.scores), same tokens.
 5. memory: an OPUS-MT-geometry float32 model in a fresh process, before and after the modules' linear weights are
    released (measured first: memory freed later in the run stays with the allocator and would hide it).
@@ -106,6 +107,16 @@ def argmax_speed() -> list[dict[str, float]]:
     return rows
 
 
+def top_k_speed() -> list[dict[str, float]]:
+    """torch's topk against the chunk maxima of model.search.top_k (k = 8, beam 4's candidates), per width."""
+    rows = []
+    for B, V in ((4, 8000), (32, 8000), (4, 16000), (32, 16000), (4, 32000), (32, 32000), (4, 58101), (32, 58101)):
+        x = torch.randn(B, V)
+        rows.append({"rows": B, "vocabulary": V, "torch_us": round(per_call_us(torch.topk, x, 8, n=200), 1),
+                     "chunked_us": round(per_call_us(search.top_k, x, 8, 256, 0, n=200), 1)})  # min_size 0: chunks
+    return rows
+
+
 def scores(net: frozen.FrozenTransformer, sources: list[list[int]], repeats: int = 3) -> dict[str, float]:
     config = GenerationConfig(max_new_tokens=256)
     times: dict[bool, list[float]] = {True: [], False: []}
@@ -200,12 +211,14 @@ def main() -> None:
             result[f"encoder_{dtype}"] = encoder(loaded.net, sources)
             result[f"scores_{dtype}"] = scores(loaded.net, sources[:128])
         result["argmax"] = argmax_speed()
+        result["top_k"] = top_k_speed()
         result["per_row_int8"] = per_row_int8()
     for dtype in ("int8", "float32"):
         table(f"offline generate, {dtype}, {args.sentences} sentences: share of time", [result[f"stages_{dtype}"]])
         table(f"encoder, {dtype}", result[f"encoder_{dtype}"])
         table(f"greedy with and without scores, {dtype}, 128 sentences, 32 rows", [result[f"scores_{dtype}"]])
     table("argmax, one call", result["argmax"])
+    table("top-8, one call", result["top_k"])
     table("int8 product, dynamic against a scale per row", result["per_row_int8"])
     table("OPUS-MT geometry, float32, resident MB", [result["memory_opus_mt_float32"]])
     args.out.parent.mkdir(parents=True, exist_ok=True)
