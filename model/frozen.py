@@ -306,13 +306,13 @@ class FrozenDecoderLayer:
         qkv = self.qkv(self.norms.inp(x, 0)).view(B, 3, self.H, -1)  # (B, 3, H, Dh)
         k, v = cache.write(i, qkv[:, 1:]) if pos is None else cache.write_at(i, qkv[:, 1:], pos)  # (B, H, T, Dh)
         if lengths is not None:
-            a = self.attend_rows(qkv.view(B, -1), cache.host_views()[2][i, :, :B], lengths[0], None)
+            a = self.attend_by_row(qkv.view(B, -1), cache.host_views()[2][i, :, :B], lengths[0], None)
         else:
             a = attend_one(qkv[:, 0, :, None], k, v, self_mask)  # (B, H, 1, Dh)
         x = self.norms.out(self.o(a.view(B, D), residual=x), 0)
         q = self.cross_q(self.norms.inp(x, 1)).view(B, self.H, 1, -1)
         if lengths is not None:
-            a = self.attend_rows(q.view(B, D), cache.host_views()[3][i, :, :B], lengths[1], align)
+            a = self.attend_by_row(q.view(B, D), cache.host_views()[3][i, :, :B], lengths[1], align)
             x = self.norms.out(self.cross_o(a, residual=x), 1)
             return self.norms.out(self.fc2(self.fc1(self.norms.inp(x, 2)), residual=x), 2)
         ck, cv = cache.cross(i, B, whole=pos is not None)  # (B, H, S, Dh)
@@ -323,7 +323,7 @@ class FrozenDecoderLayer:
         return self.norms.out(self.fc2(self.fc1(self.norms.inp(x, 2)), residual=x), 2)
 
     @staticmethod
-    def attend_rows(q: Tensor, kv: np.ndarray, lengths: np.ndarray, align: list[Tensor] | None) -> Tensor:
+    def attend_by_row(q: Tensor, kv: np.ndarray, lengths: np.ndarray, align: list[Tensor] | None) -> Tensor:
         """q (B, >= D) over the K/V buffers kv (2, B, H, T, Dh) row by row -> (B, D); align as in `step`."""
         B, H, T, Dh = kv.shape[1:]
         out = torch.empty(B, H * Dh)
