@@ -313,12 +313,11 @@ class FrozenDecoderLayer:
         q = self.cross_q(self.norms.inp(x, 1)).view(B, self.H, 1, -1)
         if lengths is not None:
             a = self.attend_by_row(q.view(B, D), cache.host_views()[3][i, :, :B], lengths[1], align)
-            x = self.norms.out(self.cross_o(a, residual=x), 1)
-            return self.norms.out(self.fc2(self.fc1(self.norms.inp(x, 2)), residual=x), 2)
-        ck, cv = cache.cross(i, B, whole=pos is not None)  # (B, H, S, Dh)
-        a = attend_one(q, ck, cv, cross_mask)
-        if align is not None:
-            align.append(cross_weights(q, ck, cross_mask))
+        else:
+            ck, cv = cache.cross(i, B, whole=pos is not None)  # (B, H, S, Dh)
+            a = attend_one(q, ck, cv, cross_mask)
+            if align is not None:
+                align.append(cross_weights(q, ck, cross_mask))
         x = self.norms.out(self.cross_o(a.view(B, D), residual=x), 1)
         return self.norms.out(self.fc2(self.fc1(self.norms.inp(x, 2)), residual=x), 2)
 
