@@ -331,9 +331,8 @@ class FusedStep:
                  pre: bool, act: int, eps: float) -> None:
         self.arrays, self.projections, self.net = arrays, projections, net
         self.pre, self.act, self.eps = pre, act, eps
-        self.quant: dict[str, np.ndarray] | None = None  # inputs' fixed ranges, read from the products when first used
-        self.usable: bool | None = None
-        self.args: tuple[Any, ...] | None = None
+        self.usable: bool | None = None  # read from the products when first asked (`ready`)
+        self.args: tuple[Any, ...] | None = None  # `_step`'s arguments after the cache's, while usable
 
     @classmethod
     def build(cls, model: Transformer, net: FrozenTransformer) -> FusedStep | None:
@@ -347,16 +346,14 @@ class FusedStep:
             return None
         arrays: dict[str, np.ndarray] = {}
         decoder = cast("list[DecoderLayer]", list(model.decoder))
+        linears = [{"qkv": [layer.self_attn.q_proj, layer.self_attn.k_proj, layer.self_attn.v_proj],
+                    "o": [layer.self_attn.out_proj], "cross_q": [layer.cross_attn.q_proj],
+                    "cross_o": [layer.cross_attn.out_proj], "fc1": [layer.ff.fc1], "fc2": [layer.ff.fc2]}
+                   for layer in decoder]
         for name in PRODUCTS:
-            per_layer = []
-            for layer in decoder:
-                linears = {"qkv": [layer.self_attn.q_proj, layer.self_attn.k_proj, layer.self_attn.v_proj],
-                           "o": [layer.self_attn.out_proj], "cross_q": [layer.cross_attn.q_proj],
-                           "cross_o": [layer.cross_attn.out_proj], "fc1": [layer.ff.fc1], "fc2": [layer.ff.fc2]}
-                got = _weights(linears[name])
-                if got is None:
-                    return None
-                per_layer.append(got)
+            per_layer = [_weights(products[name]) for products in linears]
+            if any(got is None for got in per_layer):
+                return None
             for key, part in zip(("w", "s", "b"), zip(*per_layer, strict=True), strict=True):
                 arrays[f"{key}_{name}"] = np.ascontiguousarray(np.stack(part))
         out = _weights([model.out_proj])
@@ -371,7 +368,6 @@ class FusedStep:
         arrays["norm_b"] = np.stack([[n.bias.detach().numpy() for n in ns] for ns in norms]).astype(np.float32)
         final = cast(torch.nn.LayerNorm, model.decoder_norm)
         pre = cfg.norm == "pre"
-        D = cfg.d_model
         arrays["final_w"] = final.weight.detach().numpy().copy() if pre else np.ones(D, np.float32)
         arrays["final_b"] = final.bias.detach().numpy().copy() if pre else np.zeros(D, np.float32)
         arrays["table"], arrays["positions"] = net.tgt_table.numpy(), net.positions.numpy()
@@ -395,7 +391,7 @@ class FusedStep:
 
     def changed(self) -> None:
         """The products' input ranges or calibration state changed: read them again before the next step."""
-        self.quant, self.usable, self.args = None, None, None
+        self.usable, self.args = None, None
 
     def _quant(self) -> dict[str, np.ndarray] | None:
         """Per product (L, 4) or (4,): 1 / input scale, input scale, zero point, on; None while int8 has no fixed
@@ -419,9 +415,9 @@ class FusedStep:
 
     def ready(self) -> bool:
         if self.usable is None:
-            self.quant = self._quant()
-            self.usable = self.quant is not None
-            self.args = self._args(self.quant, np.float32(self.net.scale)) if self.quant is not None else None
+            quant = self._quant()
+            self.args = self._args(quant, np.float32(self.net.scale)) if quant is not None else None
+            self.usable = self.args is not None
         return self.usable
 
     def _args(self, quant: dict[str, np.ndarray], emb_scale: np.float32) -> tuple[Any, ...]:

@@ -54,10 +54,11 @@ CHUNKED_ARGMAX_MIN = 100_000
 
 
 def argmax(x: Tensor, chunk: int = 256) -> Tensor:
-    """x.argmax(-1) for rows (B, V), first index on ties; on the CPU 1.7 times faster at 32 x 8,000, 5.7 at 32 x 58k.
+    """x.argmax(-1) for rows (B, V), first index on ties.
 
-    torch's argmax over a row is not vectorised on the CPU (about 1 ns a logit here: 1.85 ms for 32 rows of 58k),
-    while amax is about ten times faster; the first chunk that holds a row's maximum holds its first argmax.
+    torch's argmax over a row is not vectorised on the CPU (about 1 ns a logit here: 1.85 ms for 32 rows of 58k).
+    There numpy's, which is, runs instead: 9-12 times faster (bench/levers.py). Elsewhere, from CHUNKED_ARGMAX_MIN
+    logits, through chunk maxima: the first chunk that holds a row's maximum holds its first argmax.
     """
     B, V = x.shape
     n = V // chunk
