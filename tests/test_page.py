@@ -22,6 +22,10 @@ import pytest
 from fastapi.testclient import TestClient
 from prometheus_client.parser import text_string_to_metric_families
 
+from model.decode import DecodeBatch
+from model.events import Event
+from model.search import step
+from server import batcher
 from server.app import create_app
 from server.settings import Settings
 from tests.live import live_server
@@ -30,7 +34,8 @@ from tests.test_detect import ES, renamed
 ROOT = Path(__file__).resolve().parents[1]
 STATIC = ROOT / "server" / "static"
 MAX_CHARS = 3000
-ROWS = 1  # one cache row: a long text takes many seconds even on a fast, quiet machine, and is stopped early
+ROWS = 1  # one cache row: a long text takes many steps, and is stopped early
+STEP_DELAY = 0.005  # seconds added to each decoder step where a test must outrun the decoding
 # without the background-networking flags a closed network refuses chromium's own connections
 CHROMIUM_FLAGS = ["--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
                   "--disable-background-networking", "--disable-component-update", "--disable-sync"]
@@ -175,8 +180,15 @@ def test_streams_the_translation_equal_to_post_translate(page: Any, base_url: st
     assert page.evaluate("navigator.clipboard.readText()") == expected
 
 
-def test_stop_closes_the_stream_and_frees_the_rows(page: Any, base_url: str) -> None:
-    sentences = 190  # ROWS at a time, each forced to its full length: many seconds of decoding, stopped long before
+def test_stop_closes_the_stream_and_frees_the_rows(page: Any, base_url: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    # every decoder step waits a little, so the text cannot end before the stop however fast the machine decodes
+    # (the compiled CPU step ran this tiny model's 24,000 steps in seconds, and the stop came too late)
+    def slow_step(batch: DecodeBatch) -> list[Event]:
+        time.sleep(STEP_DELAY)
+        return step(batch)
+
+    monkeypatch.setattr(batcher, "step", slow_step)
+    sentences = 190  # ROWS at a time, each forced to its full length: minutes of decoding, stopped long before
     # distinct sentences: a sentence repeated within a request is decoded once (the translation cache's dedup)
     page.fill("#text", " ".join(f"Open file {i}." for i in range(sentences)))
     page.click("summary")
@@ -186,7 +198,8 @@ def test_stop_closes_the_stream_and_frees_the_rows(page: Any, base_url: str) -> 
     page.click("#translate")
     page.wait_for_selector("#output[data-state=streaming]:not([data-pieces='0'])")  # text while it is generated
     assert page.input_value("#output")
-    assert _metric(base_url, "tolk_kv_cache_rows_used")[(("model", "tiny-en-pt"),)] > 0
+    # (the batcher publishes its gauges at most every STATS_EVERY seconds, so they may trail the first text a little)
+    _wait_until(lambda: _metric(base_url, "tolk_kv_cache_rows_used")[(("model", "tiny-en-pt"),)] > 0)
     page.click("#stop")
     page.wait_for_selector("#output[data-state=stopped]")
     assert page.inner_text("#status") == "Stopped. The translation so far is kept."
