@@ -107,7 +107,10 @@ def test_cancel_frees_the_rows_and_a_full_queue_is_refused(tiny_model_dir: Path,
 def test_a_killed_child_fails_its_requests_and_is_started_again(tiny_model_dir: Path,
                                                                  tiny_loaded: LoadedModel) -> None:
     settings = server_settings(tiny_model_dir, scheduler_process=True, watchdog_interval=3600)
-    body = {"q": "Open the file.", "target": "pt", "options": {"min_new_tokens": 200, "max_new_tokens": 200}}
+    # about a thousand distinct sentences of 512 tokens: seconds of decoding, where one sentence of 200 tokens took
+    # 30 ms with the compiled CPU step and could end before the kill
+    texts = [" ".join(f"Open file {j}{i}." for i in range(120)) for j in range(8)]
+    body = {"q": texts, "target": "pt", "options": {"min_new_tokens": 512, "max_new_tokens": 512}}
     with TestClient(create_app(settings)) as client:
         registry = client.app.state.registry  # type: ignore[attr-defined]
         scheduler = registry.models[0].scheduler
