@@ -9,10 +9,13 @@ once (`remove`, `cancel`) and their rows are reused. Choosing tokens (greedy, sa
 
 from __future__ import annotations
 
+import functools
 import logging
 import random
+from collections.abc import Callable
 from collections.abc import Sequence as Seq
 from dataclasses import dataclass, field
+from typing import ParamSpec, TypeVar
 
 import numpy as np
 import torch
@@ -26,6 +29,23 @@ from model.generation import GenerationConfig
 from model.graphs import GraphedStep
 
 log = logging.getLogger(__name__)
+P = ParamSpec("P")
+R = TypeVar("R")
+
+
+def inference(fn: Callable[P, R]) -> Callable[P, R]:
+    """`torch.inference_mode()` around fn, entered only when the caller is not in it already.
+
+    A decoder step runs this way several times (the step, the batch's forward, its record), a few dozen times a
+    sentence; torch's decorator builds and enters a fresh context each time, about 5 us a call on this CPU.
+    """
+    @functools.wraps(fn)
+    def wrapper(*args: P.args, **kwargs: P.kwargs) -> R:
+        if torch.is_inference_mode_enabled():
+            return fn(*args, **kwargs)
+        with torch.inference_mode():
+            return fn(*args, **kwargs)
+    return wrapper
 
 
 @dataclass
@@ -44,6 +64,7 @@ class Sequence:
     constraints: Constraints | None = None  # token sequences that must appear in the output (None: no work)
     progress: list[Progress] = field(default_factory=list)  # per beam, its way through the constraints
     aligns: list[list[int]] | None = None  # per beam, the source position of each token (config.alignment)
+    plain: bool = False  # greedy, unscored, unconstrained, no penalties or alignment: DecodeBatch.plain_step's kind
 
     @property
     def beam(self) -> int:
@@ -69,15 +90,15 @@ class RowState:
         # columns as views: writes through them land in the packed tensors
         self.last, self.n_gen, self.seed, self.min_new, self.top_k = self.longs.unbind(1)  # last: next decoder input
         self.score, self.top_p, self.temperature, self.penalty = self.floats.unbind(1)  # score: beam running log-prob
-        self._host: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None
+        self._host: tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray] | None = None
 
     def tensors(self) -> list[Tensor]:
         return [self.longs, self.floats, self.history]
 
-    def host_views(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """history, n_gen and last as numpy arrays over the same memory (CPU only), made once."""
+    def host_views(self) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+        """history, n_gen, last and min_new as numpy arrays over the same memory (CPU only), made once."""
         if self._host is None:
-            self._host = (self.history.numpy(), self.n_gen.numpy(), self.last.numpy())
+            self._host = (self.history.numpy(), self.n_gen.numpy(), self.last.numpy(), self.min_new.numpy())
         return self._host
 
     def copy_rows(self, src: Tensor, dst: Tensor) -> None:
@@ -114,6 +135,8 @@ class DecodeBatch:
         self.n = 0  # rows 0..n-1 are active
         banned = {self.cfg.pad_id, self.cfg.decoder_start_id, self.cfg.bos_id} - {self.cfg.eos_id, -1}
         self.banned = torch.tensor(sorted(banned), dtype=torch.long, device=net.device)
+        self._banned_host = self.banned.cpu().numpy()
+        self.plain = False  # whether the last forward() went the short way (every row plain greedy)
 
     @property
     def free_rows(self) -> int:
@@ -122,7 +145,7 @@ class DecodeBatch:
     def __len__(self) -> int:
         return len(self.seqs)
 
-    @torch.inference_mode()
+    @inference
     def admit(self, items: list[tuple[SentenceKey, list[int], GenerationConfig]],
               constraints: Seq[Seq[Term] | None] | None = None,
               sources: Seq[Seq[Seq[int]] | None] | None = None) -> None:
@@ -167,6 +190,9 @@ class DecodeBatch:
                 seq.constraints, seq.progress = c, [c.start() for _ in rows]
                 if c.sources is not None and seq.aligns is None:  # where the row looks, at every step
                     seq.aligns = [[] for _ in rows]
+            seq.plain = (config.beam_size == 1 and not config.do_sample and not config.scores and c is None
+                         and seq.aligns is None and config.repetition_penalty == 1.0
+                         and not config.no_repeat_ngram_size)
             self._row_settings(seq, longs, floats)
             self.seqs[key] = seq
             for r in rows:
@@ -234,17 +260,38 @@ class DecodeBatch:
         self.n = new_n
         self.cache.set_active(new_n)
 
-    @torch.inference_mode()
+    @inference
     def forward(self) -> tuple[Tensor, Tensor | None]:
         """The decoder step of rows 0..n-1: their next-token logits (n, V) in float32, each row's settings applied,
-        and, when a sequence asks for alignment, each row's most attended source position (n,)."""
+        and, when a sequence asks for alignment, each row's most attended source position (n,).
+
+        Sets `plain`: whether this step went the short way, every sequence plain greedy (`Sequence.plain`) on the
+        fused CPU step, with the settings applied in numpy. Around a fused step of one row, the torch calls of the
+        general way cost a quarter as much again as the step itself.
+        """
         last = self.state.last[: self.n]
         seqs = list(self.seqs.values())
+        fused = self.net.fused
+        self.plain = (self.graphed is None and fused is not None and fused.takes(self.n)
+                      and all(s.plain for s in seqs))
+        if self.plain and fused is not None:
+            logits = fused(last, self.cache)  # (n, V) float32
+            self._process_host(logits.numpy())
+            return logits, None
         align: list[Tensor] | None = [] if any(s.aligns is not None for s in seqs) else None
         graphed, net = self.graphed, self.net
         logits = graphed(last, align) if graphed else net.decode_step(last, self.cache, align).float()  # (n, V)
         self._process(logits, seqs)
         return logits, (align[0].argmax(-1) if align else None)
+
+    def _process_host(self, logits: np.ndarray) -> None:
+        """`_process` for plain greedy rows, in numpy: banned tokens, and no end of sentence before min_new_tokens."""
+        n = self.n
+        logits[:, self._banned_host] = lp.NEG_INF
+        _, n_gen, _, min_new = self.state.host_views()
+        early = n_gen[:n] < min_new[:n]
+        if early.any():
+            logits[early, self.cfg.eos_id] = lp.NEG_INF
 
     def _process(self, logits: Tensor, seqs: list[Sequence]) -> None:
         n, st = self.n, self.state
@@ -267,22 +314,26 @@ class DecodeBatch:
                 sub = lp.top_k_top_p(sub, st.top_k[idx], st.top_p[idx])
             logits[idx] = sub
 
-    @torch.inference_mode()
+    def record_host(self, tokens: np.ndarray) -> None:
+        """`record` on the CPU, from numpy."""
+        n = self.n
+        history, n_gen, last, _ = self.state.host_views()
+        history[self._arange[:n], np.minimum(n_gen[:n], history.shape[1] - 1)] = tokens
+        n_gen[:n] += 1
+        last[:n] = tokens
+
+    @inference
     def reorder(self, src: Tensor, dst: Tensor) -> None:
         """Row dst[i] continues the beam of row src[i]: its self-attention cache and history (not cross K/V)."""
         self.cache.copy_rows(src, dst, cross=False)  # a beam's rows share one source
         self.state.history[dst] = self.state.history[src]
 
-    @torch.inference_mode()
+    @inference
     def record(self, tokens: Tensor) -> None:
         """Rows 0..n-1 took these tokens (n,): they join the history and are the next step's input."""
         n, st = self.n, self.state
         if tokens.device.type == "cpu":  # numpy's indexing: a few us where torch's costs 60, at every step
-            history, n_gen, last = st.host_views()
-            t = tokens.numpy()
-            history[self._arange[:n], np.minimum(n_gen[:n], history.shape[1] - 1)] = t
-            n_gen[:n] += 1
-            last[:n] = t
+            self.record_host(tokens.numpy())
             return
         rows = self.cache.row_ids[:n]
         st.history[rows, st.n_gen[:n].clamp(max=st.history.shape[1] - 1)] = tokens

@@ -17,7 +17,7 @@ from torch import Tensor
 
 from model import logits as lp
 from model.constraints import Term, select_beams
-from model.decode import DecodeBatch, Sequence
+from model.decode import DecodeBatch, Sequence, inference
 from model.events import Event, FinishEvent, Hypothesis, SentenceKey, TokenEvent
 from model.frozen import FrozenTransformer
 from model.generation import GenerationConfig
@@ -80,14 +80,22 @@ def argmax(x: Tensor, chunk: int = 256) -> Tensor:
     return torch.where(c < n, in_body * chunk + inside, tail)
 
 
-@torch.inference_mode()
+@inference
 def step(batch: DecodeBatch) -> list[Event]:
     """One decoder step for every active row; returns the tokens and the sequences that finished (which leave)."""
     if batch.n == 0:
         return []
     n, st = batch.n, batch.state
     seqs = list(batch.seqs.values())
+    batch.plain = False
     logits, align = batch.forward()  # (n, V), (n,) or None
+    if batch.plain:  # every row plain greedy: the argmax is all there is to choose
+        chosen = logits.numpy().argmax(1)  # the first index on ties, as argmax()
+        batch.record_host(chosen)
+        events, done = _collect(seqs, chosen.tolist(), [math.nan] * n, batch.cfg.eos_id, None)
+        if done:
+            batch.remove(done)
+        return events
     sources = align.tolist() if align is not None else None  # per row, the source position of its new token
     logprobs = _log_probs(logits, seqs)  # (n, V), rows nobody reads left unnormalised
     beams = [s for s in seqs if s.beam > 1]

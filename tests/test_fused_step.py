@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from typing import Any
 
 import numpy as np
 import pytest
@@ -12,7 +13,7 @@ from torch import nn
 pytest.importorskip("numba", reason="the fused step needs numba (the GPU script's bare machine lacks it)")
 
 from model import calibrate, fused_step  # noqa: E402
-from model.checkpoint import quantize_int8  # noqa: E402
+from model.checkpoint import LoadedModel, quantize_int8  # noqa: E402
 from model.decode import DecodeBatch  # noqa: E402
 from model.frozen import FrozenTransformer, Projection, freeze  # noqa: E402
 from model.fused_step import FusedStep, _product, _weights  # noqa: E402
@@ -127,3 +128,55 @@ def test_models_with_many_bytes_of_weights_keep_the_operator_step(monkeypatch: p
     assert freeze(model).fused is not None
     monkeypatch.setattr(fused_step, "MAX_WEIGHT_BYTES", 1000)
     assert freeze(model).fused is None
+
+
+
+def test_the_plain_greedy_step_gives_the_general_steps_tokens(tiny_loaded: LoadedModel,
+                                                               monkeypatch: pytest.MonkeyPatch) -> None:
+    """DecodeBatch.forward's short way (numpy around the fused step) against the general one on the trained tiny model:
+    the same tokens and endings, with rows joining and leaving, a banned token the model would pick, minimum
+    lengths beyond where sentences end, and a scored sequence that sends the steps it shares the general way."""
+    net = tiny_loaded.net
+    assert net.fused is not None and net.fused.ready()
+    texts = ["Open the file.", "Save changes before closing.", "Disk full.", "Select all copy paste undo.",
+             "The file could not be opened.", "Click here to continue."]
+    sources = [tiny_loaded.tokenizer.encode(t) for t in texts]
+    free = GenerationConfig(max_new_tokens=24, scores=False)
+    with torch.inference_mode():
+        natural = [h[0].tokens for h in generate(net, sources, free)]
+    common = max({t for tokens in natural for t in tokens}, key=lambda t: sum(x.count(t) for x in natural))
+
+    def decode(configs: list[GenerationConfig]) -> list[tuple[list[int], str]]:
+        batch = DecodeBatch(net, 4, max(map(len, sources)), 40)
+        batch.banned = torch.cat([batch.banned, torch.tensor([common])])
+        batch._banned_host = batch.banned.numpy()
+        with torch.inference_mode():
+            return [(h[0].tokens, h[0].finish_reason) for h in generate(net, sources * 2, configs, batch=batch)]
+
+    banned = decode([free] * len(sources) * 2)[: len(sources)]  # where each sentence ends without `common`
+    configs = [free.update(max_new_tokens=40, min_new_tokens=len(tokens) + 2) if i % 2 and reason == "eos" else free
+               for i, (tokens, reason) in enumerate(banned)] * 2
+    configs[7] = configs[7].update(scores=True)  # while it decodes, no step is plain
+    assert any(c.min_new_tokens for c in configs)
+    ran = []
+    forward, admit = DecodeBatch.forward, DecodeBatch.admit
+
+    def counted(batch: DecodeBatch) -> tuple[torch.Tensor, torch.Tensor | None]:
+        out = forward(batch)
+        ran.append(batch.plain)
+        return out
+
+    def never_plain(batch: DecodeBatch, *args: Any) -> None:
+        admit(batch, *args)
+        for seq in batch.seqs.values():
+            seq.plain = False
+
+    monkeypatch.setattr(DecodeBatch, "forward", counted)
+    short = decode(configs)
+    assert any(ran) and not all(ran), "both ways ran"
+    monkeypatch.setattr(DecodeBatch, "admit", never_plain)
+    ran.clear()
+    assert short == decode(configs)
+    assert ran and not any(ran), "the general way alone"
+    assert any(common in tokens for tokens in natural) and all(common not in tokens for tokens, _ in short)
+    assert all(len(tokens) >= c.min_new_tokens for (tokens, _), c in zip(short, configs, strict=True))
