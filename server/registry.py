@@ -33,6 +33,10 @@ from server.transport import ProcessTransport, ThreadTransport, Transport
 
 log = logging.getLogger(__name__)
 
+# Planning up to this many characters (splitting, masking, tokenizing: about 0.6 us a character here) stays on the
+# event loop; a worker thread's round trip cost more than planning one sentence. Longer texts go to a thread.
+PLAN_INLINE_CHARS = 1000
+
 
 class NoModels(RuntimeError):
     """The server was given nothing it can serve."""
@@ -134,8 +138,11 @@ class ServedModel:
                 start = time.monotonic()
                 await self.load(self)
                 waited = time.monotonic() - start
-            plan = await run_in_threadpool(make_plan, texts, tokenizer, html, self.scheduler.max_source_tokens,
-                                           prefix=prefix, glossary=glossary)
+            plan_args = (texts, tokenizer, html, self.scheduler.max_source_tokens)
+            if sum(map(len, texts)) <= PLAN_INLINE_CHARS:  # a worker thread's round trip costs more than the plan
+                plan = make_plan(*plan_args, prefix=prefix, glossary=glossary)
+            else:
+                plan = await run_in_threadpool(make_plan, *plan_args, prefix=prefix, glossary=glossary)
             job = None
             if plan.sources:
                 aligned = config.update(alignment=True) if plan.markup else config  # placing inline markup
