@@ -1,0 +1,128 @@
+"""One request at a time through two servers at once: this checkout against an earlier revision, paired.
+
+On a shared 2-core machine a server's latency moves by 30% from one minute to the next (CTranslate2's own
+one-sentence time read 7.1 to 13.1 ms in four runs of bench/serve.py within ten minutes), so two runs made one
+after the other cannot show a change of a millisecond. Here both servers are up together, on the same model and
+settings, and each sentence goes to one then the other (the order alternating), so drift hits both alike. The
+earlier revision is checked out into a git worktree; both run with this checkout's virtual environment.
+
+Reports each server's median latency, the median of the paired differences, and how many translations are the
+same text. Prints a table and writes JSON. Never run by the test suite.
+
+    python bench/ab_serve.py --base HEAD~2 [--model weights/en-pt] [--sentences data/corpus/test.en] [-n 400]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def start(tree: Path, port: int, args: argparse.Namespace) -> subprocess.Popen[bytes]:
+    env = {**os.environ, "TOLK_DTYPE": args.dtype, "TOLK_TRANSLATION_CACHE_ENTRIES": "0", "TOLK_MAX_QUEUE": "100000"}
+    return subprocess.Popen([sys.executable, "-m", "server", "--model", str(args.model.resolve()), "--port", str(port),
+                             "--threads", str(args.threads), "--log-level", "warning"], cwd=tree, env=env)
+
+
+def wait_ready(port: int, process: subprocess.Popen[bytes], timeout: float = 300.0) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if process.poll() is not None:
+            raise SystemExit(f"the server on port {port} exited with code {process.returncode}")
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{port}/ready", timeout=2):
+                return
+        except OSError:
+            time.sleep(0.3)
+    raise SystemExit(f"the server on port {port} was not ready after {timeout} s")
+
+
+async def pairs(ports: dict[str, int], sentences: list[str], warmup: int) -> dict[str, Any]:
+    async with aiohttp.ClientSession() as session:
+        async def one(name: str, text: str) -> tuple[float, str]:
+            body = {"q": text, "source": "en", "target": "pt"}
+            start = time.perf_counter()
+            async with session.post(f"http://127.0.0.1:{ports[name]}/translate", json=body) as r:
+                r.raise_for_status()
+                answer = await r.json()
+            return time.perf_counter() - start, answer["translatedText"]
+
+        for text in sentences[:warmup]:
+            for name in ports:
+                await one(name, text)
+        times: dict[str, list[float]] = {name: [] for name in ports}
+        same = 0
+        for i, text in enumerate(sentences):
+            order = list(ports) if i % 2 else list(ports)[::-1]
+            out = {}
+            for name in order:
+                seconds, out[name] = await one(name, text)
+                times[name].append(seconds)
+            same += out["base"] == out["head"]
+    paired = [1000 * (b - h) for b, h in zip(times["base"], times["head"], strict=True)]
+    return {"sentences": len(sentences), "same_text": same,
+            "base_p50_ms": 1000 * statistics.median(times["base"]),
+            "head_p50_ms": 1000 * statistics.median(times["head"]),
+            "paired_base_minus_head_p50_ms": statistics.median(paired)}
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--base", required=True, help="the earlier revision (any git revision)")
+    p.add_argument("--model", type=Path, default=ROOT / "weights" / "en-pt")
+    p.add_argument("--sentences", type=Path, default=ROOT / "data" / "corpus" / "test.en")
+    p.add_argument("-n", type=int, default=400, help="sentences, each sent to both servers")
+    p.add_argument("--dtype", default="int8")
+    p.add_argument("--threads", type=int, default=1)
+    p.add_argument("--out", type=Path, default=ROOT / "bench" / "results" / "ab-serve.json")
+    args = p.parse_args()
+    sentences = [s for s in args.sentences.read_text().splitlines() if s.strip()][: args.n]
+    base_rev = subprocess.run(["git", "rev-parse", "--short", args.base], cwd=ROOT, check=True, capture_output=True,
+                              text=True).stdout.strip()
+    head_rev = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, check=True, capture_output=True,
+                              text=True).stdout.strip()
+    with tempfile.TemporaryDirectory(prefix="tolk-ab-") as work:
+        base = Path(work) / "base"
+        subprocess.run(["git", "worktree", "add", "--detach", str(base), base_rev], cwd=ROOT, check=True,
+                       capture_output=True)
+        ports = {"base": 8451, "head": 8452}
+        processes = {"base": start(base, ports["base"], args), "head": start(ROOT, ports["head"], args)}
+        try:
+            for name, process in processes.items():
+                wait_ready(ports[name], process)
+            result = asyncio.run(pairs(ports, sentences, warmup=20))
+        finally:
+            for process in processes.values():
+                process.terminate()
+                process.wait()
+            subprocess.run(["git", "worktree", "remove", "--force", str(base)], cwd=ROOT, capture_output=True)
+    result.update({"base": base_rev, "head": head_rev, "model": str(args.model), "dtype": args.dtype,
+                   "threads": args.threads, "cpu": platform.processor() or platform.machine(),
+                   "note": "head's working tree as it is, uncommitted changes included"})
+    print(f"{'server':>6} {'revision':>9} {'p50 ms':>8}")
+    print(f"{'base':>6} {base_rev:>9} {result['base_p50_ms']:8.2f}")
+    print(f"{'head':>6} {head_rev:>9} {result['head_p50_ms']:8.2f}")
+    print(f"paired, base minus head: {result['paired_base_minus_head_p50_ms']:.2f} ms median; "
+          f"same text {result['same_text']}/{result['sentences']}")
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(result, indent=2) + "\n")
+    print(f"wrote {args.out}")
+
+
+if __name__ == "__main__":
+    main()
