@@ -24,32 +24,21 @@ import subprocess
 import sys
 import tempfile
 import time
-import urllib.request
 from pathlib import Path
 from typing import Any
 
 import aiohttp
 
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "bench"))
+
+from serve import wait_ready  # noqa: E402
 
 
 def start(tree: Path, port: int, args: argparse.Namespace) -> subprocess.Popen[bytes]:
     env = {**os.environ, "TOLK_DTYPE": args.dtype, "TOLK_TRANSLATION_CACHE_ENTRIES": "0", "TOLK_MAX_QUEUE": "100000"}
     return subprocess.Popen([sys.executable, "-m", "server", "--model", str(args.model.resolve()), "--port", str(port),
                              "--threads", str(args.threads), "--log-level", "warning"], cwd=tree, env=env)
-
-
-def wait_ready(port: int, process: subprocess.Popen[bytes], timeout: float = 300.0) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if process.poll() is not None:
-            raise SystemExit(f"the server on port {port} exited with code {process.returncode}")
-        try:
-            with urllib.request.urlopen(f"http://127.0.0.1:{port}/ready", timeout=2):
-                return
-        except OSError:
-            time.sleep(0.3)
-    raise SystemExit(f"the server on port {port} was not ready after {timeout} s")
 
 
 async def pairs(ports: dict[str, int], sentences: list[str], warmup: int) -> dict[str, Any]:
@@ -104,7 +93,7 @@ def main() -> None:
         processes = {"base": start(base, ports["base"], args), "head": start(ROOT, ports["head"], args)}
         try:
             for name, process in processes.items():
-                wait_ready(ports[name], process)
+                wait_ready(f"http://127.0.0.1:{ports[name]}", process)
             result = asyncio.run(pairs(ports, sentences, warmup=20))
         finally:
             for process in processes.values():

@@ -64,7 +64,7 @@ class Sequence:
     constraints: Constraints | None = None  # token sequences that must appear in the output (None: no work)
     progress: list[Progress] = field(default_factory=list)  # per beam, its way through the constraints
     aligns: list[list[int]] | None = None  # per beam, the source position of each token (config.alignment)
-    plain: bool = False  # greedy, unscored, unconstrained, no penalties or alignment: DecodeBatch.plain_step's kind
+    plain: bool = False  # greedy, unscored, unconstrained, no penalties or alignment: forward()'s short way
 
     @property
     def beam(self) -> int:

@@ -87,7 +87,7 @@ def step(batch: DecodeBatch) -> list[Event]:
         return []
     n, st = batch.n, batch.state
     seqs = list(batch.seqs.values())
-    batch.plain = False
+    batch.plain = False  # forward() says otherwise when it takes the short way
     logits, align = batch.forward()  # (n, V), (n,) or None
     if batch.plain:  # every row plain greedy: the argmax is all there is to choose
         chosen = logits.numpy().argmax(1)  # the first index on ties, as argmax()
