@@ -100,7 +100,9 @@ def main() -> None:
                 process.terminate()
                 process.wait()
             subprocess.run(["git", "worktree", "remove", "--force", str(base)], cwd=ROOT, capture_output=True)
-    result.update({"base": base_rev, "head": head_rev, "model": str(args.model), "dtype": args.dtype,
+    model = args.model.resolve()
+    shown = model.relative_to(ROOT) if model.is_relative_to(ROOT) else model
+    result.update({"base": base_rev, "head": head_rev, "model": str(shown), "dtype": args.dtype,
                    "threads": args.threads, "cpu": platform.processor() or platform.machine(),
                    "note": "head's working tree as it is, uncommitted changes included"})
     print(f"{'server':>6} {'revision':>9} {'p50 ms':>8}")
