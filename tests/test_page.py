@@ -42,8 +42,9 @@ CHROMIUM_FLAGS = ["--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first
 
 
 def settings(model_dir: Path) -> Settings:
+    # the batcher as a thread of this process, so that a test can slow its steps (test_stop_closes_...)
     return Settings(_env_file=None, models=[model_dir], device="cpu", dtype="float32", threads=1,  # type: ignore[call-arg]
-                    max_text_chars=MAX_CHARS, max_batch_rows=ROWS)
+                    max_text_chars=MAX_CHARS, max_batch_rows=ROWS, scheduler_process=False)
 
 
 # ---------------------------------------------------------------- the files, without a browser
@@ -183,7 +184,10 @@ def test_streams_the_translation_equal_to_post_translate(page: Any, base_url: st
 def test_stop_closes_the_stream_and_frees_the_rows(page: Any, base_url: str, monkeypatch: pytest.MonkeyPatch) -> None:
     # every decoder step waits a little, so the text cannot end before the stop however fast the machine decodes
     # (the compiled CPU step ran this tiny model's 24,000 steps in seconds, and the stop came too late)
+    slowed = []
+
     def slow_step(batch: DecodeBatch) -> list[Event]:
+        slowed.append(batch.n)
         time.sleep(STEP_DELAY)
         return step(batch)
 
@@ -200,6 +204,7 @@ def test_stop_closes_the_stream_and_frees_the_rows(page: Any, base_url: str, mon
     assert page.input_value("#output")
     # (the batcher publishes its gauges at most every STATS_EVERY seconds, so they may trail the first text a little)
     _wait_until(lambda: _metric(base_url, "tolk_kv_cache_rows_used")[(("model", "tiny-en-pt"),)] > 0)
+    assert slowed, "the steps were slowed"
     page.click("#stop")
     page.wait_for_selector("#output[data-state=stopped]")
     assert page.inner_text("#status") == "Stopped. The translation so far is kept."
