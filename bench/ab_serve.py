@@ -7,9 +7,12 @@ settings, and each sentence goes to one then the other (the order alternating), 
 earlier revision is checked out into a git worktree; both run with this checkout's virtual environment.
 
 Reports each server's median latency, the median of the paired differences, and how many translations are the
-same text. Prints a table and writes JSON. Never run by the test suite.
+same text. With `--clients N`, throughput instead: closed-loop phases of N clients (plain requests, as
+LibreTranslate's clients send them), the two servers taking turns phase by phase for `--rounds` rounds, each round's
+ratio head / base in sentences/s. Prints a table and writes JSON. Never run by the test suite.
 
     python bench/ab_serve.py --base HEAD~2 [--model weights/en-pt] [--sentences data/corpus/test.en] [-n 400]
+    python bench/ab_serve.py --base HEAD~2 --clients 32 [--rounds 4] [-n 512]
 """
 
 from __future__ import annotations
@@ -70,6 +73,36 @@ async def pairs(ports: dict[str, int], sentences: list[str], warmup: int) -> dic
             "paired_base_minus_head_p50_ms": statistics.median(paired)}
 
 
+async def load(ports: dict[str, int], sentences: list[str], clients: int, rounds: int) -> dict[str, Any]:
+    """Rounds of one closed-loop phase per server (order alternating); sentences/s per phase, ratio per round."""
+    async def phase(port: int) -> float:
+        connector = aiohttp.TCPConnector(limit=clients + 4)
+        async with aiohttp.ClientSession(connector=connector) as session:
+            queue = iter(sentences)
+
+            async def client() -> None:
+                for text in queue:
+                    body = {"q": text, "source": "en", "target": "pt"}
+                    async with session.post(f"http://127.0.0.1:{port}/translate", json=body) as r:
+                        r.raise_for_status()
+                        await r.read()
+
+            start = time.perf_counter()
+            await asyncio.gather(*(client() for _ in range(clients)))
+            return len(sentences) / (time.perf_counter() - start)
+
+    for port in ports.values():  # warm-up
+        await phase(port)
+    rates: dict[str, list[float]] = {name: [] for name in ports}
+    for i in range(rounds):
+        for name in (list(ports) if i % 2 else list(ports)[::-1]):
+            rates[name].append(await phase(ports[name]))
+    ratios = [h / b for h, b in zip(rates["head"], rates["base"], strict=True)]
+    return {"clients": clients, "sentences_per_phase": len(sentences), "rounds": rounds,
+            "base_sentences_per_s": rates["base"], "head_sentences_per_s": rates["head"],
+            "ratio_head_over_base": ratios, "ratio_median": statistics.median(ratios)}
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--base", required=True, help="the earlier revision (any git revision)")
@@ -78,6 +111,8 @@ def main() -> None:
     p.add_argument("-n", type=int, default=400, help="sentences, each sent to both servers")
     p.add_argument("--dtype", default="int8")
     p.add_argument("--threads", type=int, default=1)
+    p.add_argument("--clients", type=int, default=0, help="throughput with this many closed-loop clients instead")
+    p.add_argument("--rounds", type=int, default=4, help="with --clients: phases per server")
     p.add_argument("--out", type=Path, default=ROOT / "bench" / "results" / "ab-serve.json")
     args = p.parse_args()
     sentences = [s for s in args.sentences.read_text().splitlines() if s.strip()][: args.n]
@@ -94,7 +129,10 @@ def main() -> None:
         try:
             for name, process in processes.items():
                 wait_ready(f"http://127.0.0.1:{ports[name]}", process)
-            result = asyncio.run(pairs(ports, sentences, warmup=20))
+            if args.clients:
+                result = asyncio.run(load(ports, sentences, args.clients, args.rounds))
+            else:
+                result = asyncio.run(pairs(ports, sentences, warmup=20))
         finally:
             for process in processes.values():
                 process.terminate()
@@ -105,6 +143,15 @@ def main() -> None:
     result.update({"base": base_rev, "head": head_rev, "model": str(shown), "dtype": args.dtype,
                    "threads": args.threads, "cpu": platform.processor() or platform.machine(),
                    "note": "head's working tree as it is, uncommitted changes included"})
+    if args.clients:
+        print(f"{'round':>5} {'base sent/s':>12} {'head sent/s':>12} {'head/base':>10}")
+        for i, (b, h) in enumerate(zip(result["base_sentences_per_s"], result["head_sentences_per_s"], strict=True)):
+            print(f"{i + 1:>5} {b:12.1f} {h:12.1f} {h / b:9.2f}x")
+        print(f"{args.clients} clients, base {base_rev}, head {head_rev}: median ratio {result['ratio_median']:.2f}x")
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        args.out.write_text(json.dumps(result, indent=2) + "\n")
+        print(f"wrote {args.out}")
+        return
     print(f"{'server':>6} {'revision':>9} {'p50 ms':>8}")
     print(f"{'base':>6} {base_rev:>9} {result['base_p50_ms']:8.2f}")
     print(f"{'head':>6} {head_rev:>9} {result['head_p50_ms']:8.2f}")

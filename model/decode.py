@@ -113,6 +113,25 @@ class RowState:
         self.floats[start:end] = torch.tensor(floats, dtype=torch.float32).to(device, non_blocking=True)
 
 
+@dataclass
+class Encoded:
+    """Sources encoded before they join a batch (`DecodeBatch.encode`): every decoder layer's cross-attention K/V
+    (L, 2, B, H, S, Dh) and the source mask (B, S)."""
+
+    cross: Tensor
+    src_mask: Tensor
+
+    def __len__(self) -> int:
+        return int(self.src_mask.shape[0])
+
+    def select(self, keep: list[int]) -> Encoded:
+        """The sources at these positions, in this order."""
+        if keep == list(range(len(self))):
+            return self
+        idx = torch.tensor(keep, device=self.src_mask.device)
+        return Encoded(self.cross.index_select(2, idx), self.src_mask[idx])
+
+
 class DecodeBatch:
     """Cache rows of a frozen network, the sequences that own them, and the decoder step they share."""
 
@@ -146,14 +165,29 @@ class DecodeBatch:
         return len(self.seqs)
 
     @inference
+    def encode(self, sources: Seq[Seq[int]]) -> Encoded:
+        """Encode source ids for a later `admit`; raises ValueError if one does not fit the cache.
+
+        Reads the network only, never the batch's rows, so it may run on another thread while the batch decodes
+        (the server's encoder thread does, on the CPU)."""
+        S = max((len(src) for src in sources), default=0)
+        if self.cache.max_src < S or min((len(src) for src in sources), default=0) == 0:
+            raise ValueError(f"source length must be between 1 and {self.cache.max_src} tokens")
+        pad = self.cfg.pad_id
+        src = torch.tensor([list(ids) + [pad] * (S - len(ids)) for ids in sources], dtype=torch.long)
+        cross, src_mask = self.net.encode_cross(src.to(self.net.device))  # (L, 2, items, H, S, Dh)
+        return Encoded(cross, src_mask)
+
+    @inference
     def admit(self, items: list[tuple[SentenceKey, list[int], GenerationConfig]],
               constraints: Seq[Seq[Term] | None] | None = None,
-              sources: Seq[Seq[Seq[int]] | None] | None = None) -> None:
+              sources: Seq[Seq[Seq[int]] | None] | None = None, encoded: Encoded | None = None) -> None:
         """Start decoding (key, source ids, settings) items; raises ValueError if they do not fit.
 
         `constraints`: per item, what must appear in its output (model.constraints: each constraint a list of
         alternative token sequences), or None. `sources`: per item, the source positions each of its constraints
-        translates, or None; a greedy row then starts a term where it attends to the term's words.
+        translates, or None; a greedy row then starts a term where it attends to the term's words. `encoded`: the
+        items' sources as `encode` gave them, when they were encoded ahead; otherwise they are encoded here.
         """
         terms = self._constraints(constraints, len(items), sources)
         need = sum(c.beam_size for _, _, c in items)
@@ -161,17 +195,16 @@ class DecodeBatch:
             raise ValueError(f"{need} rows needed, {self.free_rows} free")
         if not items:
             return
-        S = max(len(src) for _, src, _ in items)
-        if self.cache.max_src < S or min(len(src) for _, src, _ in items) == 0:
-            raise ValueError(f"source length must be between 1 and {self.cache.max_src} tokens")
+        if encoded is not None and len(encoded) != len(items):
+            raise ValueError(f"{len(encoded)} encoded sources for {len(items)} items")
         keys = [key for key, _, _ in items]
         taken = [k for k in keys if k in self.seqs] or [k for i, k in enumerate(keys) if k in keys[:i]]
         if taken:
             raise ValueError(f"key {taken[0]!r} is already decoding")
         device = self.net.device
-        pad = self.cfg.pad_id
-        src = torch.tensor([ids + [pad] * (S - len(ids)) for _, ids, _ in items], dtype=torch.long).to(device)
-        cross, src_mask = self.net.encode_cross(src)  # (L, 2, items, H, S, Dh)
+        if encoded is None:
+            encoded = self.encode([ids for _, ids, _ in items])
+        cross, src_mask = encoded.cross, encoded.src_mask
         if any(c.beam_size > 1 for _, _, c in items):  # each beam has its own row
             expand = torch.tensor([i for i, (_, _, c) in enumerate(items) for _ in range(c.beam_size)], device=device)
             cross, src_mask = cross.index_select(2, expand), src_mask[expand]

@@ -7,6 +7,13 @@ sentences leave the batch at once, so their rows go to the next waiting sentence
 produced (events, errors, metrics) goes up as one `Output` through `emit`; the thread knows nothing of event loops
 or processes, so the same code runs as a thread of the server or in a child process (server/transport.py).
 
+Encoding ahead: on the CPU, sentences that join a batch already decoding are encoded on a second thread (the
+encoder thread) while this one goes on stepping, and join the batch at the first turn after their encoding ends;
+encoding is a third to a half of the engine's work on a loaded server, and the decode thread's core need not wait
+for it. One admission is in flight at a time; sentences arriving meanwhile wait and are encoded together next.
+Torch releases the GIL inside its operators and the fused step releases it throughout, so the two threads run at
+once. When the batch is empty there is nothing to overlap: sentences are encoded on this thread, as on a GPU.
+
 Faults: a step or admission that raises fails the requests it touched (500) and the thread goes on with a fresh
 batch. An out-of-memory error halves instead: an admission is retried with half the sentences, and a step drops its
 newest half of the rows back to the head of the queue (they are decoded again from the start; tokens already
@@ -22,11 +29,12 @@ import queue
 import threading
 import time
 from collections.abc import Callable
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 
 import torch
 
-from model.decode import DecodeBatch
+from model.decode import DecodeBatch, Encoded
 from model.events import Event, TokenEvent
 from model.frozen import FrozenTransformer
 from model.search import admissible, step
@@ -55,6 +63,14 @@ class _Record:
     skip: dict[int, int] = field(default_factory=dict)  # tokens of a sentence decoded again to drop, not resend
 
 
+@dataclass
+class _Ahead:
+    """Sentences taken from the queue that are being encoded on the encoder thread."""
+
+    items: list[Pending]
+    encoded: Future[Encoded]
+
+
 class Batcher:
     """Owns one model's DecodeBatch and the thread that drives it; one instance runs one thread, once."""
 
@@ -81,6 +97,8 @@ class Batcher:
         self._row_limit = settings.max_batch_rows  # lowered after an out-of-memory step
         self._admit_cap = 0  # sentences per admission, 0 = no cap; set after an out-of-memory admission
         self._calm_steps = 0
+        self._encoder: ThreadPoolExecutor | None = None  # encodes sentences ahead, on the CPU (module docstring)
+        self._ahead: _Ahead | None = None
 
     # --- any thread ---------------------------------------------------------------------------------------------
 
@@ -128,6 +146,9 @@ class Batcher:
             if threads:
                 torch.set_num_threads(threads)
             self.batch = batch = self._new_batch()
+            if self.settings.encode_ahead and self.settings.batching and self.net.device.type == "cpu":
+                self._encoder = ThreadPoolExecutor(1, f"tolk-encoder-{self.name}", torch.set_num_threads,
+                                                   (threads or torch.get_num_threads(),))
         except Exception as exc:  # reported to start()
             self.failure = exc
             self._started.set()
@@ -137,7 +158,7 @@ class Batcher:
                  batch.cache.nbytes / 1e6)
         try:
             while not self._stopping.is_set():
-                self._receive(block=not self._waiting and not len(batch))
+                self._receive(block=not self._waiting and not len(batch) and self._ahead is None)
                 self._expire(time.monotonic())
                 try:
                     if self._admit(batch):
@@ -155,6 +176,8 @@ class Batcher:
             self.failure = exc
             self._fail_remaining(EngineFailure("the engine failed while translating"))
         finally:
+            if self._encoder is not None:
+                self._encoder.shutdown(wait=False, cancel_futures=True)
             self._fail_remaining(ShuttingDown("the server is shutting down"))
             self._flush(idle=True)
             if not self._stopping.is_set():
@@ -220,7 +243,12 @@ class Batcher:
 
     def _admit(self, batch: DecodeBatch) -> bool:
         """Admit waiting sentences, the waiting requests in turn, while rows and the token budget allow; whether any
-        joined."""
+        joined. While the batch decodes, on the CPU, the chosen sentences are encoded on the encoder thread and join
+        at a later turn (module docstring)."""
+        if self._ahead is not None:
+            if len(batch) and not self._ahead.encoded.done():
+                return False  # decode on; they join when encoded
+            return self._join_ahead(batch)  # (with an empty batch: waits for the encoder)
         if not self.settings.batching and len(batch):
             return False
         count = admissible(
@@ -231,15 +259,38 @@ class Batcher:
         items = self._waiting.take(count)
         if not items:
             return False
+        if self._encoder is not None and len(batch):
+            sources = [self._records[p.request].submit.sources[p.sentence] for p in items]
+            self._ahead = _Ahead(items, self._encoder.submit(batch.encode, sources))
+            return False
+        return self._join(batch, items, None)
+
+    def _join_ahead(self, batch: DecodeBatch) -> bool:
+        """The sentences encoded ahead join the batch, but for those whose request ended meanwhile; if the row limit
+        fell meanwhile (an out-of-memory step) and they no longer fit, they go back to the head of the queue."""
+        ahead, self._ahead = self._ahead, None
+        assert ahead is not None
+        live = [i for i, p in enumerate(ahead.items) if p.request in self._records]
+        items = [ahead.items[i] for i in live]
+        if sum(p.beam for p in items) > min(batch.free_rows, self._row_limit - batch.n):
+            self._waiting.push_front(items)
+            return False
+        return self._join(batch, items, ahead.encoded, live) if items else False
+
+    def _join(self, batch: DecodeBatch, items: list[Pending], encoded: Future[Encoded] | None,
+              keep: list[int] | None = None) -> bool:
+        """Admit these sentences into the batch (encoding them here unless `encoded`, of which the `keep`
+        positions are theirs, holds them); whether they joined."""
         try:
+            ready = encoded.result().select(keep or []) if encoded is not None else None
             sent = [(p, self._records[p.request].submit) for p in items]
             admitted = [((p.request, p.sentence), s.sources[p.sentence], s.configs[p.sentence]) for p, s in sent]
             if any(s.constraints for _, s in sent):  # a glossary's terms, and where they are in the sources
                 batch.admit(admitted, [s.constraints[p.sentence] if s.constraints else None for p, s in sent],
                             [s.constraint_sources[p.sentence] if s.constraint_sources and s.constraints
-                             and s.constraints[p.sentence] else None for p, s in sent])
+                             and s.constraints[p.sentence] else None for p, s in sent], encoded=ready)
             else:
-                batch.admit(admitted)
+                batch.admit(admitted, encoded=ready)
         except Exception as exc:  # these sentences left the queue without reaching the batch
             if out_of_memory(exc):
                 self._admitting_out_of_memory(items)

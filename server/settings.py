@@ -45,6 +45,8 @@ class Settings(BaseSettings):
                                     "1.3 to 1.4 times the sentences/s, 1.1 to 1.9 times streamed); False = a "
                                     "thread of the server process")
     batching: bool = Field(default=True, description="continuous batching; False decodes one sentence at a time")
+    encode_ahead: bool = Field(default=True, description="on the CPU, sentences joining a batch that is decoding "
+                               "are encoded on a second thread while the decoder steps on (server/batcher.py)")
     max_batch_rows: int = Field(default=32, ge=1, le=1024, description="cache rows decoding together")
     max_admit_tokens: int = Field(default=4096, ge=1, description="source tokens encoded in one admission step")
     max_source_tokens: int = Field(default=256, ge=8, le=4096, description="longest sentence; longer ones are split")

@@ -60,11 +60,11 @@ def inject(batch: DecodeBatch, name: str, fails: Any) -> list[int]:
     original = getattr(batch, name)
     seen: list[int] = []
 
-    def wrapper(*args: Any) -> Any:
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
         seen.append(batch.n if name == "forward" else len(args[0]))
         if fails(batch, *args):
             raise torch.OutOfMemoryError("CUDA out of memory (simulated)")
-        return original(*args)
+        return original(*args, **kwargs)
 
     setattr(batch, name, wrapper)
     return seen
