@@ -110,14 +110,17 @@ def percentile(values: list[float], q: float) -> float:
 
 async def one_request(session: aiohttp.ClientSession, url: str, text: str, options: dict[str, Any],
                       stream: bool) -> tuple[float, float | None, int]:
-    """(latency, time to first token or None, generated tokens) of one request."""
-    body = {"q": text, "source": "en", "target": "pt", "options": {**options, "return_scores": True}}
+    """(latency, time to first token or None, generated tokens or 0 where the answer does not say) of one request.
+
+    Plain requests ask for no scores, as LibreTranslate's clients do (with `return_scores` the server takes the
+    general path of the decode step, which computes log-probabilities); their tokens are counted from /metrics."""
+    body = {"q": text, "source": "en", "target": "pt", "options": options}
     start = time.perf_counter()
     if not stream:
         async with session.post(f"{url}/translate", json=body) as r:
             r.raise_for_status()
-            answer = await r.json()
-        return time.perf_counter() - start, None, int(answer["details"]["generated_tokens"])
+            await r.read()
+        return time.perf_counter() - start, None, 0
     first: float | None = None
     tokens = 0
     async with session.post(f"{url}/translate/stream", json=body) as r:
@@ -134,6 +137,14 @@ async def one_request(session: aiohttp.ClientSession, url: str, text: str, optio
             elif line.startswith("data: ") and event == "error":
                 raise RuntimeError(line)
     return time.perf_counter() - start, first, tokens
+
+
+async def generated_total(session: aiohttp.ClientSession, url: str) -> float:
+    """Tokens the server has generated so far (`tolk_generated_tokens_total`, every model and reason)."""
+    async with session.get(f"{url}/metrics") as r:
+        text = await r.text()
+    return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
+               if line.startswith("tolk_generated_tokens_total{"))
 
 
 async def drive(url: str, sentences: list[str], clients: int, requests: int, options: dict[str, Any],
@@ -159,9 +170,12 @@ async def drive(url: str, sentences: list[str], clients: int, requests: int, opt
 
     connector = aiohttp.TCPConnector(limit=clients + 4)
     async with aiohttp.ClientSession(connector=connector, timeout=aiohttp.ClientTimeout(total=600)) as session:
+        before = await generated_total(session, url)
         start, cpu = time.perf_counter(), time.process_time()
         await asyncio.gather(*(client_loop(session) for _ in range(clients)))
         elapsed, cpu = time.perf_counter() - start, time.process_time() - cpu
+        if not stream:
+            tokens = int(await generated_total(session, url) - before)
     return {
         "requests": requests, "seconds": elapsed, "sentences_per_s": requests / elapsed,
         "tokens_per_s": tokens / elapsed, "generated_tokens": tokens,
@@ -174,7 +188,7 @@ async def drive(url: str, sentences: list[str], clients: int, requests: int, opt
 
 def offline(loaded: LoadedModel, sentences: list[str], args: argparse.Namespace, rows: int) -> dict[str, Any]:
     """The engine alone: model.search.generate over the sentences with `rows` decoding together (best of 2)."""
-    config = loaded.generation.update(max_new_tokens=args.max_new_tokens)
+    config = loaded.generation.update(max_new_tokens=args.max_new_tokens, scores=False)  # as the plain requests
     sources = [loaded.tokenizer.encode(s) for s in sentences]
     generate(loaded.net, sources[:rows], config, max_rows=rows)  # warm-up
     best: dict[str, Any] = {}
