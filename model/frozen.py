@@ -31,10 +31,11 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 from model.cache import KVCache
 
 try:  # numba: the CPU's fused step; without it (the GPU script's bare machine) steps run operator by operator
+    from model.fused_encoder import FusedEncoder
     from model.fused_step import FusedStep, attend_rows
 except (ImportError, RuntimeError) as exc:  # pragma: no cover - RuntimeError: numba finds no writable cache
     logging.getLogger(__name__).warning("the fused CPU decode step is off (%s); set NUMBA_CACHE_DIR", exc)
-    FusedStep = attend_rows = None  # type: ignore[assignment,misc]
+    FusedStep = attend_rows = FusedEncoder = None  # type: ignore[assignment,misc]
 from model.layers import ACTIVATION_FUNCTIONS, Attention, DecoderLayer, EncoderLayer
 
 if TYPE_CHECKING:
@@ -354,11 +355,16 @@ class FrozenTransformer:
         self.out = proj([model.out_proj], bias=model.out_bias)
         # the step of a few rows as one compiled function, on the CPU in float32 or int8 (model.fused_step)
         self.fused = FusedStep.build(model, self) if fused and not half and FusedStep is not None else None
+        # and the encoder of short sentences (model.fused_encoder)
+        self.fused_encoder = (FusedEncoder.build(model, self) if fused and not half and FusedEncoder is not None
+                              else None)
 
     def products_changed(self) -> None:
-        """Input ranges were set or calibration started or ended: the fused step reads them again."""
+        """Input ranges were set or calibration started or ended: the fused step and encoder read them again."""
         if self.fused is not None:
             self.fused.changed()
+        if self.fused_encoder is not None:
+            self.fused_encoder.changed()
 
     @property
     def device(self) -> torch.device:
@@ -404,9 +410,39 @@ class FrozenTransformer:
         `cross_kv(encode(src))` without computing anything at padding.
         """
         B, S = src.shape
+        fused = self.fused_encoder
+        if fused is not None and fused.ready():
+            src_mask = src != self.cfg.pad_id
+            lengths = src_mask.sum(1).tolist()
+            if min(lengths) <= fused.max_tokens:
+                return self._cross_layout(self._encode_by_length(src, src_mask, lengths), B, S), src_mask
         x, src_mask, packing = self.encode_packed(src)
         kv = self.cross_kv_proj(x)  # (N, L*2*D)
         return self._cross_layout(packing.pad(kv) if packing is not None else kv, B, S), src_mask
+
+    def _encode_by_length(self, src: Tensor, src_mask: Tensor, lengths: list[int]) -> Tensor:
+        """`encode_cross`'s K/V (B, S, L*2*D) when the fused encoder takes the short sentences: each sentence goes
+        the way its own length says, whatever shares the batch, so that its numbers stay its own."""
+        B, S = src.shape
+        fused = cast("FusedEncoder", self.fused_encoder)
+        kv = src.new_zeros(B, S, fused.arrays["w_kv"].shape[0], dtype=self.src_table.dtype)
+        for short in (True, False):
+            chosen = [b for b, n in enumerate(lengths) if (n <= fused.max_tokens) == short]
+            if not chosen:
+                continue
+            width = max(lengths[b] for b in chosen)
+            index = torch.tensor(chosen)
+            sub, mask = src.index_select(0, index)[:, :width], src_mask.index_select(0, index)[:, :width]
+            if short:  # real tokens sentence after sentence (a boolean mask reads row by row)
+                x = self.embed(self.src_table, sub, self.positions[:width])[mask]
+                out = kv.new_zeros(len(chosen), width, kv.shape[-1])
+                out[mask] = fused(x, [lengths[b] for b in chosen])
+            else:
+                y, _, packing = self.encode_packed(sub)
+                out = self.cross_kv_proj(y)
+                out = packing.pad(out) if packing is not None else out.view(len(chosen), width, -1)
+            kv[index, :width] = out
+        return kv
 
     def _cross_layout(self, kv: Tensor, B: int, S: int) -> Tensor:
         cfg = self.cfg

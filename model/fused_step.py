@@ -299,12 +299,11 @@ def _weights(linears: Sequence[torch.nn.Module]) -> tuple[np.ndarray, np.ndarray
 
     if all(isinstance(m, QuantizedLinear) for m in linears):
         parts = [int8_weight_bias(m)[0] for m in linears]  # type: ignore[arg-type]
-        if any(p.qscheme() != torch.per_tensor_affine or p.q_zero_point() != 0 for p in parts):
-            return None
-        if parts[0].shape[1] > EXACT_SUM_TERMS:
+        if not all(_zero_point_zero(p) for p in parts) or parts[0].shape[1] > EXACT_SUM_TERMS:
             return None
         w = torch.cat([p.int_repr() for p in parts]).numpy()
-        scale = np.concatenate([np.full(p.shape[0], p.q_scale(), np.float32) for p in parts])
+        scale = np.concatenate([np.full(p.shape[0], p.q_scale(), np.float32) if p.qscheme() == torch.per_tensor_affine
+                                else p.q_per_channel_scales().float().numpy() for p in parts])
     elif all(isinstance(m, torch.nn.Linear) and m.weight.dtype == torch.float32 for m in linears):
         dense = [cast(torch.nn.Linear, m).weight.detach() for m in linears]
         w = (dense[0] if len(dense) == 1 else torch.cat(dense)).numpy()  # one map: the module's own memory
@@ -314,6 +313,14 @@ def _weights(linears: Sequence[torch.nn.Module]) -> tuple[np.ndarray, np.ndarray
     bias = stacked_bias(linears)  # type: ignore[arg-type]
     b = bias.detach().float().numpy() if bias is not None else np.zeros(w.shape[0], np.float32)
     return np.ascontiguousarray(w), scale, np.ascontiguousarray(b, np.float32)
+
+
+def _zero_point_zero(weight: Tensor) -> bool:
+    """An int8 weight quantized per tensor, or per output channel, around zero: a scale per output is all it takes."""
+    if weight.qscheme() == torch.per_tensor_affine:
+        return int(weight.q_zero_point()) == 0
+    return (weight.qscheme() == torch.per_channel_affine and weight.q_per_channel_axis() == 0
+            and not bool(weight.q_per_channel_zero_points().any()))
 
 
 PRODUCTS = ("qkv", "o", "cross_q", "cross_o", "fc1", "fc2")

@@ -1,0 +1,73 @@
+"""The fused CPU encoder of short sentences (model/fused_encoder.py) against the operator-by-operator encoder."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+pytest.importorskip("numba", reason="the fused encoder needs numba (the GPU script's bare machine lacks it)")
+
+from model.frozen import FrozenTransformer  # noqa: E402
+from model.fused_encoder import FusedEncoder  # noqa: E402
+from tests.test_fused_step import nets  # noqa: E402
+
+SHORT = [[5, 9, 14, 22, 7, 2], [30, 2], [40, 41, 42, 2]]
+LONG = [list(range(10, 40)) + [2], list(range(50, 77)) + [2]]  # longer than MAX_TOKENS
+
+
+def encode(net: FrozenTransformer, sources: list[list[int]]) -> list[torch.Tensor]:
+    """Each source's cross-attention K/V over its own tokens (L, 2, H, n, Dh), encoded as one admission."""
+    S = max(len(s) for s in sources)
+    src = torch.tensor([s + [0] * (S - len(s)) for s in sources])
+    with torch.inference_mode():
+        kv, _ = net.encode_cross(src)  # (L, 2, B, H, S, Dh)
+    return [kv[:, :, b, :, : len(s)] for b, s in enumerate(sources)]
+
+
+@pytest.fixture
+def taken(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """The lengths of the sentences the fused encoder encodes."""
+    lengths: list[int] = []
+    original = FusedEncoder.__call__
+
+    def call(self: FusedEncoder, x: torch.Tensor, n: list[int]) -> torch.Tensor:
+        lengths.extend(n)
+        return original(self, x, n)
+
+    monkeypatch.setattr(FusedEncoder, "__call__", call)
+    return lengths
+
+
+@pytest.mark.parametrize(("norm", "activation"), [("pre", "relu"), ("post", "gelu"), ("post", "swish")])
+def test_fused_encoder_equals_the_operator_encoder_in_float32(norm: str, activation: str, taken: list[int]) -> None:
+    fused, plain = nets("float32", norm=norm, activation=activation)
+    assert fused.fused_encoder is not None and fused.fused_encoder.ready() and plain.fused_encoder is None
+    sources = [SHORT[0], LONG[0], SHORT[1], SHORT[2], LONG[1]]
+    for a, b in zip(encode(fused, sources), encode(plain, sources), strict=True):
+        assert (a - b).abs().max() <= 1e-5 * b.abs().max()
+    assert sorted(taken) == sorted(len(s) for s in SHORT)  # the short ones, and only they, went the fused way
+
+
+def test_fused_int8_encoder_is_close_to_fbgemms(taken: list[int]) -> None:
+    """The same int8 weights and input ranges: only a value a rounding step from a quantization boundary moves."""
+    fused, plain = nets("int8", norm="pre", activation="relu")
+    assert fused.fused_encoder is not None and fused.fused_encoder.ready()
+    for a, b in zip(encode(fused, SHORT), encode(plain, SHORT), strict=True):
+        assert (a - b).abs().max() <= 2e-2 * b.abs().max()
+    assert sorted(taken) == sorted(len(s) for s in SHORT)
+
+
+def test_an_int8_sentence_encodes_bit_for_bit_the_same_alone_and_in_any_admission(taken: list[int]) -> None:
+    """Short sentences go the fused way and long ones the operator way whatever shares their admission; int8 sums
+    are exact integers in any order, and the rest of a token's arithmetic is its own."""
+    fused, _ = nets("int8", norm="pre", activation="relu")
+    assert fused.fused_encoder is not None
+    limit = fused.fused_encoder.max_tokens
+    short = [s for s in SHORT if len(s) <= limit]
+    assert short and all(len(s) > limit for s in LONG)
+    mixed = [LONG[0], *short, LONG[1]]
+    together = encode(fused, mixed)
+    for source, got in zip(mixed, together, strict=True):
+        (alone,) = encode(fused, [source])
+        assert torch.equal(got, alone)
+    assert sorted(taken) == sorted([len(s) for s in short] * 2)  # together, then each alone
