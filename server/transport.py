@@ -164,7 +164,8 @@ class ProcessTransport:
 
 def child_main(target: Target, settings: Settings, max_source_tokens: int, commands: Connection, events: Connection,
                level: int) -> None:
-    """The child process: load, report Ready, then pass commands on until told to stop or the parent goes away."""
+    """The child process: load, report Ready, then serve until told to stop or the parent goes away (the batcher
+    thread reads the commands itself)."""
     logging.basicConfig(level=level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     send_lock = threading.Lock()  # the batcher thread sends output; this thread Ready
 
@@ -174,20 +175,10 @@ def child_main(target: Target, settings: Settings, max_source_tokens: int, comma
 
     try:
         loaded = load(target.directory, device=target.device, dtype=target.dtype, keep_modules=False)
-        batcher = Batcher(target.name, loaded.net, settings, max_source_tokens, emit)
+        batcher = Batcher(target.name, loaded.net, settings, max_source_tokens, emit, commands=commands)
         cache_bytes = batcher.start()
     except Exception as exc:
         events.send(Exited(f"{type(exc).__name__}: {exc}"))
         return
     emit(Ready(str(loaded.device), loaded.parameters, cache_bytes))
-    try:
-        while batcher.running:
-            if not commands.poll(0.5):
-                continue
-            command = commands.recv()
-            if isinstance(command, Stop):
-                break
-            batcher.put(command)
-    except (EOFError, OSError):  # the parent went away
-        pass
-    batcher.stop()
+    batcher.join()  # the batcher reads the commands itself, until Stop or the end of the pipe
