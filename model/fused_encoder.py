@@ -25,7 +25,19 @@ from numba import njit
 from torch import Tensor
 from torch.ao.nn.quantized.dynamic import Linear as QuantizedLinear
 
-from model.fused_step import ACTIVATIONS, FAST, MAX_WEIGHT_BYTES, _attend, _next, _norm, _product, _weights
+from model.fused_step import (
+    ACTIVATIONS,
+    FAST,
+    MAX_WEIGHT_BYTES,
+    _attend,
+    _feed_forward,
+    _last,
+    _next,
+    _norm,
+    _product,
+    _weights,
+    input_ranges,
+)
 
 if TYPE_CHECKING:
     from model.frozen import FrozenTransformer, Projection
@@ -70,17 +82,9 @@ def _encode(x, starts, ns, H, norm_w, norm_b, eps, pre, final_w, final_b, act,  
                 _attend(qkv[s0 + t, :D], k, v, n, a[s0 + t], no_weights)
         _product(a, w_o[i], s_o[i], b_o[i], q_o[i], 0, x, h)
         _next(x, h, norm_w[i], norm_b[i], 0, eps, pre)
-        _product(h, w_1[i], s_1[i], b_1[i], q_1[i], act, none, f)
-        _product(f, w_2[i], s_2[i], b_2[i], q_2[i], 0, x, h)
-        if pre:
-            x[:] = h
-        else:
-            _norm(h, norm_w[i, 1], norm_b[i, 1], eps, x)
-    if pre:
-        _norm(x, final_w, final_b, eps, h)
-        _product(h, w_kv, s_kv, b_kv, q_kv, 0, none, kv)
-    else:
-        _product(x, w_kv, s_kv, b_kv, q_kv, 0, none, kv)
+        _feed_forward(x, h, f, w_1[i], s_1[i], b_1[i], q_1[i], w_2[i], s_2[i], b_2[i], q_2[i], act, norm_w[i, 1],
+                      norm_b[i, 1], eps, pre)
+    _last(x, h, final_w, final_b, eps, pre, w_kv, s_kv, b_kv, q_kv, kv)
 
 
 class FusedEncoder:
@@ -135,20 +139,7 @@ class FusedEncoder:
         return fused
 
     def _quant(self) -> dict[str, np.ndarray] | None:
-        """Per product (L, 4) or (4,): 1 / input scale, input scale, zero point, on; None while int8 has no fixed
-        ranges or a product is being calibrated (the operator encoder observes inputs)."""
-        quant: dict[str, np.ndarray] = {}
-        L = self.arrays["w_qkv"].shape[0]
-        for name in (*PRODUCTS, "kv"):
-            rows = []
-            for i in range(L if name != "kv" else 1):
-                p = self.projections[f"{name}.{i}" if name != "kv" else "kv"]
-                if p.observed is not None or (p.int8 is not None and p.static is None):
-                    return None
-                scale, zp = p.static if p.static is not None else (1.0, 0)
-                rows.append([1.0 / scale, scale, zp, 1.0 if p.static is not None else 0.0])
-            quant[name] = np.array(rows if name != "kv" else rows[0], np.float32)
-        return quant
+        return input_ranges(self.projections, PRODUCTS, self.arrays["w_qkv"].shape[0], "kv")
 
     def _args(self, quant: dict[str, np.ndarray]) -> tuple[Any, ...]:
         a = self.arrays

@@ -181,6 +181,29 @@ def _next(x, h, norm_w, norm_b, j, eps, pre):  # type: ignore[no-untyped-def]  #
 
 
 @njit(fastmath=FAST, nogil=True, cache=True)
+def _feed_forward(x, h, f, w_1, s_1, b_1, q_1, w_2, s_2, b_2, q_2, act, norm_w, norm_b, eps,  # type: ignore[no-untyped-def]
+                  pre):  # pragma: no cover - compiled
+    """The feed-forward sublayer of the rows: h holds its input, x the stream, f (B, F) is scratch. x becomes the
+    stream after it (post-norm: the residual sum normalised by norm_w, norm_b)."""
+    _product(h, w_1, s_1, b_1, q_1, act, np.empty((0, 0), np.float32), f)
+    _product(f, w_2, s_2, b_2, q_2, 0, x, h)
+    if pre:
+        x[:] = h
+    else:
+        _norm(h, norm_w, norm_b, eps, x)
+
+
+@njit(fastmath=FAST, nogil=True, cache=True)
+def _last(x, h, final_w, final_b, eps, pre, w, s, b, q, out):  # type: ignore[no-untyped-def]  # pragma: no cover
+    """The stack's output product of the stream x: after the final norm (pre-norm, into h), or of x itself."""
+    if pre:
+        _norm(x, final_w, final_b, eps, h)
+        _product(h, w, s, b, q, 0, np.empty((0, 0), np.float32), out)
+    else:
+        _product(x, w, s, b, q, 0, np.empty((0, 0), np.float32), out)
+
+
+@njit(fastmath=FAST, nogil=True, cache=True)
 def _attend(q, k, v, n, out, weights):  # type: ignore[no-untyped-def]  # pragma: no cover - compiled
     """One query q (H * Dh,) over the first n keys and values k, v (H, T, Dh) into out (H * Dh,); the attention
     weights averaged over heads are added into `weights` (T,) unless it is empty."""
@@ -277,18 +300,9 @@ def _step(tokens, pos, src_mask, self_kv, cross_kv, table, positions, emb_scale,
             _attend(q[r], cross_kv[i, 0, r], cross_kv[i, 1, r], lengths[r], a[r], weights)
         _product(a, w_co[i], s_co[i], b_co[i], q_co[i], 0, x, h)
         _next(x, h, norm_w[i], norm_b[i], 1, eps, pre)
-        # feed-forward
-        _product(h, w_1[i], s_1[i], b_1[i], q_1[i], act, none, f)
-        _product(f, w_2[i], s_2[i], b_2[i], q_2[i], 0, x, h)
-        if pre:
-            x[:] = h
-        else:
-            _norm(h, norm_w[i, 2], norm_b[i, 2], eps, x)
-    if pre:
-        _norm(x, final_w, final_b, eps, h)
-        _product(h, w_out, s_out, b_out, q_out, 0, none, logits)
-    else:
-        _product(x, w_out, s_out, b_out, q_out, 0, none, logits)
+        _feed_forward(x, h, f, w_1[i], s_1[i], b_1[i], q_1[i], w_2[i], s_2[i], b_2[i], q_2[i], act, norm_w[i, 2],
+                      norm_b[i, 2], eps, pre)
+    _last(x, h, final_w, final_b, eps, pre, w_out, s_out, b_out, q_out, logits)
     for r in range(B):
         pos[r] += 1
 
@@ -321,6 +335,24 @@ def _zero_point_zero(weight: Tensor) -> bool:
         return int(weight.q_zero_point()) == 0
     return (weight.qscheme() == torch.per_channel_affine and weight.q_per_channel_axis() == 0
             and not bool(weight.q_per_channel_zero_points().any()))
+
+
+def input_ranges(projections: dict[str, Projection], per_layer: Sequence[str], layers: int,
+                 last: str) -> dict[str, np.ndarray] | None:
+    """The products' fixed input ranges as the compiled functions read them: per product name (`name.i` for each
+    layer, then `last` alone), rows of (1 / input scale, input scale, zero point, on), (layers, 4) or (4,). None
+    while int8 has no fixed ranges or a product is being calibrated (the operator path observes inputs)."""
+    quant: dict[str, np.ndarray] = {}
+    for name in (*per_layer, last):
+        rows = []
+        for i in range(layers if name != last else 1):
+            p = projections[f"{name}.{i}" if name != last else last]
+            if p.observed is not None or (p.int8 is not None and p.static is None):
+                return None
+            scale, zp = p.static if p.static is not None else (1.0, 0)
+            rows.append([1.0 / scale, scale, zp, 1.0 if p.static is not None else 0.0])
+        quant[name] = np.array(rows if name != last else rows[0], np.float32)
+    return quant
 
 
 PRODUCTS = ("qkv", "o", "cross_q", "cross_o", "fc1", "fc2")
@@ -406,20 +438,7 @@ class FusedStep:
         self.usable, self.args = None, None
 
     def _quant(self) -> dict[str, np.ndarray] | None:
-        """Per product (L, 4) or (4,): 1 / input scale, input scale, zero point, on; None while int8 has no fixed
-        ranges or a product is being calibrated (the operator-by-operator step observes inputs)."""
-        quant: dict[str, np.ndarray] = {}
-        L = self.net.cfg.decoder_layers
-        for name in (*PRODUCTS, "out"):
-            rows = []
-            for i in range(L if name != "out" else 1):
-                p = self.projections[f"{name}.{i}" if name != "out" else "out"]
-                if p.observed is not None or (p.int8 is not None and p.static is None):
-                    return None
-                scale, zp = p.static if p.static is not None else (1.0, 0)
-                rows.append([1.0 / scale, scale, zp, 1.0 if p.static is not None else 0.0])
-            quant[name] = np.array(rows if name != "out" else rows[0], np.float32)
-        return quant
+        return input_ranges(self.projections, PRODUCTS, self.net.cfg.decoder_layers, "out")
 
     def takes(self, rows: int) -> bool:
         """Whether a step of this many rows is the fused step's (and it can run: `ready`)."""

@@ -7,11 +7,8 @@ from __future__ import annotations
 import asyncio
 import threading
 import time
-from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
-import pytest
 import torch
 
 from model.checkpoint import LoadedModel
@@ -20,18 +17,10 @@ from model.events import FinishEvent
 from server.jobs import Job
 from server.scheduler import Scheduler
 from tests.test_faults import OPTIONS, TEXTS, expected
-from tests.test_server_api import server_settings
-from tests.test_server_batching import batch_of, slow_steps, thread_scheduler, wait_for
+from tests.test_faults import scheduler as scheduler  # noqa: F401  (the fixture: 8 rows, batcher a thread)
+from tests.test_server_batching import batch_of, slow_steps, wait_for
 
 LONG = "Save changes before closing the file, then click here to continue."
-
-
-@pytest.fixture
-def scheduler(tiny_loaded: LoadedModel, tiny_model_dir: Path) -> Iterator[Scheduler]:
-    s = thread_scheduler(tiny_loaded, server_settings(tiny_model_dir, max_batch_rows=8, scheduler_process=False))
-    s.start()
-    yield s
-    s.stop()
 
 
 def on_encoder_thread() -> bool:
