@@ -299,16 +299,18 @@ class DecodeBatch:
         and, when a sequence asks for alignment, each row's most attended source position (n,).
 
         Sets `plain`: whether this step went the short way, every sequence plain greedy (`Sequence.plain`) on the
-        fused CPU step, with the settings applied in numpy. Around a fused step of one row, the torch calls of the
-        general way cost a quarter as much again as the step itself.
+        CPU, with the settings applied in numpy. Around a fused step of one row, the torch calls of the general way
+        cost a quarter as much again as the step itself.
         """
         last = self.state.last[: self.n]
         seqs = list(self.seqs.values())
         fused = self.net.fused
-        self.plain = (self.graphed is None and fused is not None and fused.takes(self.n)
-                      and all(s.plain for s in seqs))
-        if self.plain and fused is not None:
-            logits = fused(last, self.cache)  # (n, V) float32
+        self.plain = self.graphed is None and self.net.device.type == "cpu" and all(s.plain for s in seqs)
+        if self.plain:
+            if fused is not None and fused.takes(self.n):
+                logits = fused(last, self.cache)  # (n, V) float32
+            else:  # more rows than the fused step takes: the settings in numpy still save a few torch calls
+                logits = self.net.decode_step(last, self.cache).float()
             self._process_host(logits.numpy())
             return logits, None
         align: list[Tensor] | None = [] if any(s.aligns is not None for s in seqs) else None

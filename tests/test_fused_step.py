@@ -131,13 +131,17 @@ def test_models_with_many_bytes_of_weights_keep_the_operator_step(monkeypatch: p
 
 
 
-def test_the_plain_greedy_step_gives_the_general_steps_tokens(tiny_loaded: LoadedModel,
+@pytest.mark.parametrize("fused", [True, False])
+def test_the_plain_greedy_step_gives_the_general_steps_tokens(tiny_loaded: LoadedModel, fused: bool,
                                                                monkeypatch: pytest.MonkeyPatch) -> None:
-    """DecodeBatch.forward's short way (numpy around the fused step) against the general one on the trained tiny model:
-    the same tokens and endings, with rows joining and leaving, a banned token the model would pick, minimum
-    lengths beyond where sentences end, and a scored sequence that sends the steps it shares the general way."""
+    """DecodeBatch.forward's short way (numpy around the fused step, or around the operator step) against the general
+    one on the trained tiny model: the same tokens and endings, with rows joining and leaving, a banned token the
+    model would pick, minimum lengths beyond where sentences end, and a scored sequence that sends the steps it
+    shares the general way."""
     net = tiny_loaded.net
     assert net.fused is not None and net.fused.ready()
+    if not fused:
+        monkeypatch.setattr(net, "fused", None)
     texts = ["Open the file.", "Save changes before closing.", "Disk full.", "Select all copy paste undo.",
              "The file could not be opened.", "Click here to continue."]
     sources = [tiny_loaded.tokenizer.encode(t) for t in texts]
