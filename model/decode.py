@@ -64,7 +64,7 @@ class Sequence:
     constraints: Constraints | None = None  # token sequences that must appear in the output (None: no work)
     progress: list[Progress] = field(default_factory=list)  # per beam, its way through the constraints
     aligns: list[list[int]] | None = None  # per beam, the source position of each token (config.alignment)
-    plain: bool = False  # greedy, unscored, unconstrained, no penalties or alignment: forward()'s short way
+    plain: bool = False  # greedy, unconstrained, no penalties or alignment: forward()'s short way
 
     @property
     def beam(self) -> int:
@@ -223,7 +223,7 @@ class DecodeBatch:
                 seq.constraints, seq.progress = c, [c.start() for _ in rows]
                 if c.sources is not None and seq.aligns is None:  # where the row looks, at every step
                     seq.aligns = [[] for _ in rows]
-            seq.plain = (config.beam_size == 1 and not config.do_sample and not config.scores and c is None
+            seq.plain = (config.beam_size == 1 and not config.do_sample and c is None
                          and seq.aligns is None and config.repetition_penalty == 1.0
                          and not config.no_repeat_ngram_size)
             self._row_settings(seq, longs, floats)

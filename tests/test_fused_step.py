@@ -136,8 +136,8 @@ def test_the_plain_greedy_step_gives_the_general_steps_tokens(tiny_loaded: Loade
                                                                monkeypatch: pytest.MonkeyPatch) -> None:
     """DecodeBatch.forward's short way (numpy around the fused step, or around the operator step) against the general
     one on the trained tiny model: the same tokens and endings, with rows joining and leaving, a banned token the
-    model would pick, minimum lengths beyond where sentences end, and a scored sequence that sends the steps it
-    shares the general way."""
+    model would pick, minimum lengths beyond where sentences end, scored sequences (the same log-probs both ways),
+    and a sequence with a repetition penalty that sends the steps it shares the general way."""
     net = tiny_loaded.net
     assert net.fused is not None and net.fused.ready()
     if not fused:
@@ -150,17 +150,20 @@ def test_the_plain_greedy_step_gives_the_general_steps_tokens(tiny_loaded: Loade
         natural = [h[0].tokens for h in generate(net, sources, free)]
     common = max({t for tokens in natural for t in tokens}, key=lambda t: sum(x.count(t) for x in natural))
 
-    def decode(configs: list[GenerationConfig]) -> list[tuple[list[int], str]]:
+    def decode(configs: list[GenerationConfig]) -> list[tuple[list[int], str, float | None]]:
         batch = DecodeBatch(net, 4, max(map(len, sources)), 40)
         batch.banned = torch.cat([batch.banned, torch.tensor([common])])
         batch._banned_host = batch.banned.numpy()
         with torch.inference_mode():
-            return [(h[0].tokens, h[0].finish_reason) for h in generate(net, sources * 2, configs, batch=batch)]
+            return [(h[0].tokens, h[0].finish_reason, h[0].score if c.scores else None)
+                    for h, c in zip(generate(net, sources * 2, configs, batch=batch), configs, strict=True)]
 
     banned = decode([free] * len(sources) * 2)[: len(sources)]  # where each sentence ends without `common`
     configs = [free.update(max_new_tokens=40, min_new_tokens=len(tokens) + 2) if i % 2 and reason == "eos" else free
-               for i, (tokens, reason) in enumerate(banned)] * 2
-    configs[7] = configs[7].update(scores=True)  # while it decodes, no step is plain
+               for i, (tokens, reason, _) in enumerate(banned)] * 2
+    configs[2] = configs[2].update(scores=True)
+    configs[3] = configs[3].update(scores=True)
+    configs[7] = configs[7].update(repetition_penalty=1.3)  # while it decodes, no step is plain
     assert any(c.min_new_tokens for c in configs)
     ran = []
     forward, admit = DecodeBatch.forward, DecodeBatch.admit
@@ -182,5 +185,6 @@ def test_the_plain_greedy_step_gives_the_general_steps_tokens(tiny_loaded: Loade
     ran.clear()
     assert short == decode(configs)
     assert ran and not any(ran), "the general way alone"
-    assert any(common in tokens for tokens in natural) and all(common not in tokens for tokens, _ in short)
-    assert all(len(tokens) >= c.min_new_tokens for (tokens, _), c in zip(short, configs, strict=True))
+    assert any(common in tokens for tokens in natural) and all(common not in tokens for tokens, _, _ in short)
+    assert all(len(tokens) >= c.min_new_tokens for (tokens, _, _), c in zip(short, configs, strict=True))
+    assert all(math.isfinite(score) for _, _, score in short[2:4])
