@@ -92,14 +92,14 @@ def step(batch: DecodeBatch) -> list[Event]:
     if batch.plain:  # every row plain greedy: the argmax is all there is to choose
         chosen = logits.numpy().argmax(1)  # the first index on ties, as argmax()
         batch.record_host(chosen)
-        token_ids, logprobs = chosen.tolist(), [math.nan] * n
+        token_ids, chosen_logprobs = chosen.tolist(), [math.nan] * n
         scored = [s.rows[0] for s in seqs if s.config.scores]
         if scored:  # the chosen tokens' log-probs, as the general way computes them, for these rows alone
             rows = torch.tensor(scored)
             picked = logits[rows].log_softmax(-1).gather(1, torch.from_numpy(chosen)[rows, None])[:, 0]
             for r, value in zip(scored, picked.tolist(), strict=True):
-                logprobs[r] = value
-        events, done = _collect(seqs, token_ids, logprobs, batch.cfg.eos_id, None)
+                chosen_logprobs[r] = value
+        events, done = _collect(seqs, token_ids, chosen_logprobs, batch.cfg.eos_id, None)
         if done:
             batch.remove(done)
         return events
