@@ -361,7 +361,11 @@ class DecodeBatch:
     def reorder(self, src: Tensor, dst: Tensor) -> None:
         """Row dst[i] continues the beam of row src[i]: its self-attention cache and history (not cross K/V)."""
         self.cache.copy_rows(src, dst, cross=False)  # a beam's rows share one source
-        self.state.history[dst] = self.state.history[src]
+        if src.device.type == "cpu":
+            history = self.state.host_views()[0]
+            history[dst.numpy()] = history[src.numpy()]
+        else:
+            self.state.history[dst] = self.state.history[src]
 
     @inference
     def record(self, tokens: Tensor) -> None:
