@@ -327,6 +327,18 @@ def test_length_limits_and_no_repeat_ngram(loaded: checkpoint.LoadedModel, sourc
         assert len(bigrams) == len(set(bigrams))
 
 
+def test_beams_keep_their_own_history_when_rows_are_reordered(loaded: checkpoint.LoadedModel,
+                                                               sources: list[list[int]]) -> None:
+    """The n-gram ban reads each row's history: after a beam moves to another row, that row must hold the beam's
+    tokens, or the ban looks at another hypothesis and lets a repeat through."""
+    config = GenerationConfig(beam_size=4, num_hypotheses=4, no_repeat_ngram_size=2, min_new_tokens=16,
+                              max_new_tokens=24)
+    for hyps in generate(loaded.net, sources, config):
+        for h in hyps:
+            bigrams = list(zip(h.tokens, h.tokens[1:], strict=False))
+            assert len(bigrams) == len(set(bigrams)), h.tokens
+
+
 def test_repetition_penalty_changes_only_seen_tokens() -> None:
     from model.logits import repetition_penalty
 
