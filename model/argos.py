@@ -39,9 +39,10 @@ CODES = {"pb": "pt-BR", "zt": "zh-Hant"}  # Argos's own codes, as standard tags
 CHUNK = 1 << 20
 MAX_UNPACKED = 16 << 30  # bytes a package may unpack to: a zip bomb is refused before it fills the disk
 # How argostranslate (so LibreTranslate) decodes a package: translate.py calls CTranslate2's translate_batch with
-# beam_size=max(num_hypotheses, 4) and length_penalty=0.2, leaving min_decoding_length at CTranslate2's 1 (never an
-# empty translation). Written as the import's generation.json, so that the same package gives the same sentences.
-ARGOS_GENERATION = {"beam_size": 4, "length_penalty": 0.2, "min_new_tokens": 1}
+# beam_size=max(num_hypotheses, 4), length_penalty=0.2 and replace_unknowns=True (an unknown token written as the
+# source piece it attends to most), leaving min_decoding_length at CTranslate2's 1 (never an empty translation).
+# Written as the import's generation.json, so that the same package gives the same sentences.
+ARGOS_GENERATION = {"beam_size": 4, "length_penalty": 0.2, "min_new_tokens": 1, "replace_unknowns": True}
 
 
 def write_aside(out: Path, build: Callable[[Path], Path | None], force: bool = False) -> Path:

@@ -217,7 +217,7 @@ class DecodeBatch:
             rows = list(range(row, row + config.beam_size))
             max_new = min(config.max_new_tokens, self.cache.max_tgt)
             seq = Sequence(key, config, len(ids), rows, max_new, [[] for _ in rows], [0.0] * len(rows))
-            if config.alignment:
+            if config.alignment or config.replace_unknowns:
                 seq.aligns = [[] for _ in rows]
             if c is not None:
                 seq.constraints, seq.progress = c, [c.start() for _ in rows]

@@ -27,6 +27,7 @@ class TokenEvent:
     sentence: int
     token: int
     logprob: float
+    source: int | None = None  # the source position it attends to most, when its sequence computes alignment
 
     @property
     def key(self) -> SentenceKey:

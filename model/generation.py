@@ -34,6 +34,9 @@ class GenerationConfig:
     max_new_tokens: int = 256  # hard cap on generated tokens, end-of-sentence included
     scores: bool = True  # compute token log-probs and hypothesis scores; False: greedy rows skip it (NaN instead)
     alignment: bool = False  # each hypothesis also gives the source token each of its tokens attends to most
+    # the server writes a generated unknown token as the source piece it attends to most (argostranslate's
+    # replace_unknowns, CTranslate2's option of that name); such rows compute the alignment
+    replace_unknowns: bool = False
 
     def __post_init__(self) -> None:
         self.validate()

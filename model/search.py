@@ -367,9 +367,11 @@ def _collect(seqs: list[Sequence], tokens: list[int], logprobs: list[float], eos
                 finished = [Hypothesis(seq.tokens[0], seq.scores[0], "eos", _alignment(seq, 0))]
             else:
                 seq.tokens[0].append(tok)
+                source = None
                 if seq.aligns is not None and sources is not None:
-                    seq.aligns[0].append(sources[r])
-                events.append(TokenEvent(*seq.key, tok, logprob))
+                    source = sources[r]
+                    seq.aligns[0].append(source)
+                events.append(TokenEvent(*seq.key, tok, logprob, source))
                 length = seq.n_gen >= seq.max_new
                 finished = [Hypothesis(seq.tokens[0], seq.scores[0], "length", _alignment(seq, 0))] if length else None
         if finished is not None:

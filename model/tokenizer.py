@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import re
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
 import sentencepiece as spm
 
 REPLACEMENT = "\ufffd"
+BYTE_PIECE = re.compile(r"<0x[0-9A-F]{2}>")  # SentencePiece's byte fallback
 MARIAN_SPECIAL = ("<pad>", "<s>", "</s>", "<unk>")  # pieces a Marian vocab.json adds around SentencePiece's
 
 
@@ -78,6 +80,18 @@ class Tokenizer:
         ids = self.prefix + ids
         return ids + [self._source_id(self.eos_id)] if self.add_eos or not ids else ids
 
+    def source_strings(self, text: str) -> list[str]:
+        """For each id of `encode(text)`, its piece as SentencePiece cut it from the text, where an unknown character is
+        itself rather than <unk>; "" for a start token, end-of-sentence, a >>xxx<< language token, or a byte of a
+        character that SentencePiece spelt out byte by byte (a byte alone is no text)."""
+        code: list[str] = []
+        end = text.find("<<") if self.piece_to_id is not None and text.startswith(">>") else -1
+        if end >= 0:
+            code, text = [""], text[end + 2 :]
+        pieces = ["" if BYTE_PIECE.fullmatch(p) else p for p in self.source.encode(text, out_type=str)]
+        out = [""] * len(self.prefix) + code + pieces
+        return out + [""] if self.add_eos or not out else out
+
     def source_pieces(self, ids: list[int]) -> list[str]:
         """Source model ids -> their SentencePiece pieces (a word starts at a piece that starts with U+2581)."""
         table = self.source_vocab if self.source_vocab is not None else self.vocab
@@ -104,12 +118,31 @@ class Tokenizer:
             return [self.vocab[i] for i in ids]
         return [self.target.id_to_piece(i) for i in ids]
 
-    def decode(self, ids: list[int]) -> str:
-        """Target model ids -> text (special tokens dropped)."""
+    def decode(self, ids: list[int], unknowns: Mapping[int, str] | None = None) -> str:
+        """Target model ids -> text (special tokens dropped). `unknowns`: by position, the source piece that an
+        unknown token there is written as (`GenerationConfig.replace_unknowns`); its U+2581 are spaces, as a known
+        piece's would be, and the text does not start with one."""
+        marked = {k: p for k, p in (unknowns or {}).items() if k < len(ids) and ids[k] == self.unk_id and p}
+        if marked:
+            return self._decode_replacing(ids, marked)
         if self.vocab is None:
             return str(self.target.decode([i for i in ids if not self._special(i)]))
         return str(self.target.decode_pieces([p for i, p in zip(ids, self.pieces(ids), strict=True)
                                               if not self._special(i)]))
+
+    def _decode_replacing(self, ids: list[int], marked: dict[int, str]) -> str:
+        """`decode` with each marked unknown token first a private-use marker that SentencePiece passes through as it
+        is (a piece outside its vocabulary), then that marker replaced by the source piece's text."""
+        kept = [f"\ue000{k}\ue001" if k in marked else p
+                for k, (i, p) in enumerate(zip(ids, self.pieces(ids), strict=True))
+                if k in marked or not self._special(i)]
+        text = str(self.target.decode_pieces(kept))
+        for k, piece in marked.items():
+            marker, words = f"\ue000{k}\ue001", piece.replace("\u2581", " ")
+            if text.startswith(marker) and words.startswith(" "):
+                words = words[1:]  # as SentencePiece drops the first piece's leading space
+            text = text.replace(marker, words)
+        return text
 
     def _special(self, i: int) -> bool:
         if self.vocab is None:
@@ -143,12 +176,16 @@ class IncrementalDetokenizer:
     def __init__(self, tokenizer: Tokenizer) -> None:
         self.tokenizer = tokenizer
         self.ids: list[int] = []
+        self.unknowns: dict[int, str] = {}  # by position, the source pieces unknown tokens are written as
         self.emitted = ""  # text sent so far
 
-    def push(self, token: int) -> str:
-        """Add one token; return the new text it makes certain (possibly empty)."""
+    def push(self, token: int, unknown: str | None = None) -> str:
+        """Add one token (`unknown`: the source piece it is written as, if it is an unknown token); return the new
+        text it makes certain (possibly empty)."""
+        if unknown is not None:
+            self.unknowns[len(self.ids)] = unknown
         self.ids.append(token)
-        text = self.tokenizer.decode(self.ids)
+        text = self.tokenizer.decode(self.ids, self.unknowns)
         if text.endswith(REPLACEMENT) or not text.startswith(self.emitted):
             return ""
         new = text[len(self.emitted):]
@@ -157,7 +194,7 @@ class IncrementalDetokenizer:
 
     def flush(self) -> str:
         """The rest of the text once the sequence has ended."""
-        text = self.tokenizer.decode(self.ids)
+        text = self.tokenizer.decode(self.ids, self.unknowns)
         new = text[len(self.emitted):] if text.startswith(self.emitted) else ""
         self.emitted = text
         return new

@@ -47,8 +47,10 @@ class Entry:
         """The events a decode of this sentence sends: its tokens (streamed, without beams), then its finish."""
         out: list[Event] = []
         if stream and self.logprobs is not None:
-            out = [TokenEvent(request, sentence, t, lp)
-                   for t, lp in zip(self.hypotheses[0].tokens, self.logprobs, strict=True)]
+            best = self.hypotheses[0]
+            sources = best.alignment if best.alignment is not None else [None] * len(best.tokens)
+            out = [TokenEvent(request, sentence, t, lp, s)
+                   for t, lp, s in zip(best.tokens, self.logprobs, sources, strict=True)]
         out.append(FinishEvent(request, sentence, self.hypotheses, self.finish_reason))
         return out
 

@@ -40,6 +40,9 @@ class Plan:
     constraints: dict[int, list[list[list[int]]]] = field(default_factory=dict)
     markup: dict[int, projection.Aligned] = field(default_factory=dict)  # sentences that carry inline HTML elements
     where: dict[int, list[list[int]]] = field(default_factory=dict)  # by sentence, its terms' source positions
+    # by sentence, its source pieces as cut from the text (Tokenizer.source_strings), kept when generated unknown
+    # tokens are to be written as the source piece they attend to most (GenerationConfig.replace_unknowns)
+    strings: dict[int, list[str]] = field(default_factory=dict)
 
     def sentence_constraints(self) -> list[list[list[list[int]]]] | None:
         """Each sentence's constraints for the scheduler, or None when no sentence has any."""
@@ -58,12 +61,27 @@ class Plan:
         masked = self.masks.get(sentence)
         return translation if masked is None else unmask(masked, translation)
 
+    def unknown(self, sentence: int, token: int, source: int | None, tokenizer: Tokenizer) -> str | None:
+        """The source piece that this token is written as: an unknown token's, where the sentence keeps its pieces."""
+        strings = self.strings.get(sentence)
+        if strings is None or source is None or token != tokenizer.unk_id or not 0 <= source < len(strings):
+            return None
+        return strings[source] or None
+
+    def unknowns(self, sentence: int, hyp: Hypothesis, tokenizer: Tokenizer) -> dict[int, str] | None:
+        """`unknown` for each token of a hypothesis, by position."""
+        if sentence not in self.strings or hyp.alignment is None:
+            return None
+        found = ((k, self.unknown(sentence, t, a, tokenizer)) for k, (t, a) in enumerate(zip(hyp.tokens, hyp.alignment,
+                                                                                             strict=True)))
+        return {k: piece for k, piece in found if piece is not None}
+
     def render(self, sentence: int, hyp: Hypothesis, tokenizer: Tokenizer) -> str:
         """A sentence's output as it goes into its text: placeholders and inline elements back, escaped in HTML."""
         markup = self.markup.get(sentence)
         if markup is not None:
             return projection.render(markup, self.masks.get(sentence), hyp.tokens, hyp.alignment, tokenizer)
-        text = self.restore(sentence, tokenizer.decode(hyp.tokens))
+        text = self.restore(sentence, tokenizer.decode(hyp.tokens, self.unknowns(sentence, hyp, tokenizer)))
         return escape(text, quote=False) if self.html else text
 
     def held(self, sentence: int) -> bool:
@@ -76,12 +94,13 @@ class Plan:
 
 def make_plan(
     texts: list[str], tokenizer: Tokenizer, html: bool, max_source_tokens: int, placeholders: bool = True,
-    prefix: Sequence[int] = (), glossary: Glossary | None = None,
+    prefix: Sequence[int] = (), glossary: Glossary | None = None, unknowns: bool = False,
 ) -> Plan:
     """Split texts into sentences that each fit the model, mask their placeholders, and tokenize them.
 
     `prefix`: ids that start every source (a multilingual model's target-language token), counted in its length.
     `glossary`: its terms found in each sentence become the sentence's constraints (target token ids).
+    `unknowns`: keep each sentence's source pieces (`Plan.strings`), to write generated unknown tokens with.
     """
     encoded: dict[str, list[int]] = {}
 
@@ -106,6 +125,8 @@ def make_plan(
                 plan.constraints[len(plan.sources)] = terms
             if terms and where is not None:
                 plan.where[len(plan.sources)] = where
+        if unknowns:
+            plan.strings[len(plan.sources)] = [""] * len(prefix) + tokenizer.source_strings(sentence)
         plan.sources.append(encode(sentence))
 
     def add_block(tp: TextPlan, block: inline.Block) -> bool:
@@ -224,8 +245,8 @@ class TextStream:
         """Literal text before the first sentence (all of it when the text has no sentence)."""
         return self._drain()
 
-    def token(self, sentence: int, token: int, logprob: float | None) -> list[Piece]:
-        self._push(sentence, token, logprob)
+    def token(self, sentence: int, token: int, logprob: float | None, source: int | None = None) -> list[Piece]:
+        self._push(sentence, token, logprob, source)
         return self._drain()
 
     def finish(self, sentence: int, best: Hypothesis) -> list[Piece]:
@@ -235,8 +256,9 @@ class TextStream:
             self.buffered[sentence] = [Piece(text, None, None)] if text else []
             self.finished.add(sentence)
             return self._drain()
-        for token in best.tokens[self.pushed[sentence]:]:
-            self._push(sentence, token, None)
+        sources = best.alignment
+        for k in range(self.pushed[sentence], len(best.tokens)):
+            self._push(sentence, best.tokens[k], None, sources[k] if sources is not None else None)
         tail = self.detok[sentence].flush()
         if tail:
             self.buffered[sentence].append(Piece(self._escaped(tail), None, None))
@@ -246,11 +268,11 @@ class TextStream:
     def _escaped(self, text: str) -> str:
         return escape(text, quote=False) if self.html else text
 
-    def _push(self, sentence: int, token: int, logprob: float | None) -> None:
+    def _push(self, sentence: int, token: int, logprob: float | None, source: int | None) -> None:
         self.pushed[sentence] += 1
         if self.plan.held(sentence):  # held back until finish() puts the placeholders and markup back
             return
-        text = self.detok[sentence].push(token)
+        text = self.detok[sentence].push(token, self.plan.unknown(sentence, token, source, self.tokenizer))
         if text:
             self.buffered[sentence].append(Piece(self._escaped(text), token, logprob))
 
@@ -337,7 +359,7 @@ class Translation:
                 t = owner[event.sentence]
                 ts = streams[t]
                 if isinstance(event, TokenEvent):
-                    pieces = ts.token(event.sentence, event.token, event.logprob)
+                    pieces = ts.token(event.sentence, event.token, event.logprob, event.source)
                 else:
                     finished[event.sentence] = event
                     pieces = ts.finish(event.sentence, event.hypotheses[0])

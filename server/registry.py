@@ -140,9 +140,10 @@ class ServedModel:
                 waited = time.monotonic() - start
             plan_args = (texts, tokenizer, html, self.scheduler.max_source_tokens)
             if sum(map(len, texts)) <= PLAN_INLINE_CHARS:  # a worker thread's round trip costs more than the plan
-                plan = make_plan(*plan_args, prefix=prefix, glossary=glossary)
+                plan = make_plan(*plan_args, prefix=prefix, glossary=glossary, unknowns=config.replace_unknowns)
             else:
-                plan = await run_in_threadpool(make_plan, *plan_args, prefix=prefix, glossary=glossary)
+                plan = await run_in_threadpool(make_plan, *plan_args, prefix=prefix, glossary=glossary,
+                                               unknowns=config.replace_unknowns)
             job = None
             if plan.sources:
                 aligned = config.update(alignment=True) if plan.markup else config  # placing inline markup

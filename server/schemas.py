@@ -27,6 +27,9 @@ class GenerationOptions(BaseModel):
     no_repeat_ngram_size: Int64 | None = None
     min_new_tokens: Int64 | None = None
     max_new_tokens: Int64 | None = None
+    replace_unknowns: bool | None = Field(default=None, description="write a generated unknown token as the source "
+                                          "piece it attends to most, as argostranslate does (its imports default to "
+                                          "true)")
     return_scores: bool = Field(default=False, description="add `details` (scores, token counts) to the answer")
 
     def generation(self) -> dict[str, Any]:

@@ -14,7 +14,7 @@ import os
 import random
 import time
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from html import escape
 from html.parser import HTMLParser
 from pathlib import Path
@@ -237,7 +237,8 @@ class CharTokenizer:
     def encode(self, text: str) -> list[int]:
         return [ord(c) for c in text]
 
-    def decode(self, ids: list[int]) -> str:
+    def decode(self, ids: list[int], unknowns: Mapping[int, str] | None = None) -> str:
+        """(No id is an unknown token here, so `unknowns` changes nothing.)"""
         return "".join(map(chr, ids))
 
     def detokenizer(self) -> IncrementalDetokenizer:
