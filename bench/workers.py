@@ -102,7 +102,9 @@ class TolkEngine:
     def __init__(self, spec: EngineSpec) -> None:
         torch.set_num_threads(spec.threads)
         self.device = spec.device
-        loaded = checkpoint.load(spec.tolk_dir, device=spec.device, dtype=engine_kind(spec.name, spec.device)[1])
+        # keep_modules=False: the weights once, in the network that decodes, as the server holds them
+        loaded = checkpoint.load(spec.tolk_dir, device=spec.device, dtype=engine_kind(spec.name, spec.device)[1],
+                                 keep_modules=False)
         self.net = loaded.net
         self.source = piece_ids(loaded.tokenizer.vocab or spm_pieces(spec.tolk_dir / "source.spm"))
         self.target = loaded.tokenizer.vocab or spm_pieces(spec.tolk_dir / "target.spm")

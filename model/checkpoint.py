@@ -13,6 +13,8 @@ A model directory holds:
 
 from __future__ import annotations
 
+import ctypes
+import gc
 import json
 import shutil
 import warnings
@@ -152,6 +154,18 @@ def release_linear_weights(model: Transformer) -> None:
             m._packed_params.set_weight_bias(empty_int8, None)
 
 
+def return_freed_memory() -> None:
+    """Hand the memory that loading freed back to the operating system. glibc keeps freed heap for reuse, so the
+    float32 weights that quantizing or prepacking replaced stayed resident: on an OPUS-MT-size model, int8, about
+    375 MB of 600 (ad hoc, /proc/self/status). Nothing happens where the C library has no malloc_trim."""
+    try:
+        trim = ctypes.CDLL(None).malloc_trim
+    except (OSError, AttributeError):
+        return
+    gc.collect()
+    trim(0)
+
+
 def load(directory: Path | str, device: str = "auto", dtype: str = "float32",
          keep_modules: bool = True, int8_ranges: bool = True) -> LoadedModel:
     """Load a model directory onto a device ('auto', 'cpu', 'cuda', 'cuda:1') in a dtype ('int8' and 'float16w' on
@@ -181,6 +195,7 @@ def load(directory: Path | str, device: str = "auto", dtype: str = "float32",
         calibrate.apply(net, ranges)
     if not keep_modules:
         release_linear_weights(model)
+    return_freed_memory()
     return LoadedModel(meta.path, meta.info, model, meta.tokenizer, meta.generation, dtype, parameters, net)
 
 
