@@ -33,8 +33,8 @@ from model.fused_step import (
     _feed_forward,
     _last,
     _next,
-    _norm,
     _product,
+    _qkv,
     _weights,
     input_ranges,
 )
@@ -64,11 +64,7 @@ def _encode(x, starts, ns, H, norm_w, norm_b, eps, pre, final_w, final_b, act,  
     none = np.empty((0, 0), np.float32)
     no_weights = np.empty(0, np.float32)
     for i in range(w_qkv.shape[0]):
-        if pre:
-            _norm(x, norm_w[i, 0], norm_b[i, 0], eps, h)
-            _product(h, w_qkv[i], s_qkv[i], b_qkv[i], q_qkv[i], 0, none, qkv)
-        else:
-            _product(x, w_qkv[i], s_qkv[i], b_qkv[i], q_qkv[i], 0, none, qkv)
+        _qkv(x, h, norm_w[i, 0], norm_b[i, 0], eps, pre, w_qkv[i], s_qkv[i], b_qkv[i], q_qkv[i], none, qkv)
         for b in range(starts.shape[0]):
             s0, n = starts[b], ns[b]
             k = np.empty((H, n, Dh), np.float32)

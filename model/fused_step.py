@@ -169,6 +169,17 @@ def _norm(x, w, b, eps, out):  # type: ignore[no-untyped-def]  # pragma: no cove
 
 
 @njit(fastmath=FAST, nogil=True, cache=True)
+def _qkv(x, h, norm_w, norm_b, eps, pre, w, s, b, q, none, qkv):  # type: ignore[no-untyped-def]  # pragma: no cover
+    """A layer's self-attention Q, K and V of x into qkv, through the sublayer's norm first when pre-norm (into h).
+    Shared by the step and the encoder (model/fused_encoder.py)."""
+    if pre:
+        _norm(x, norm_w, norm_b, eps, h)
+        _product(h, w, s, b, q, 0, none, qkv)
+    else:
+        _product(x, w, s, b, q, 0, none, qkv)
+
+
+@njit(fastmath=FAST, nogil=True, cache=True)
 def _next(x, h, norm_w, norm_b, j, eps, pre):  # type: ignore[no-untyped-def]  # pragma: no cover - compiled
     """h holds sublayer j's residual sum: x becomes the stream and h the input of sublayer j + 1 (pre-norm: the
     stream normalised by norm j + 1; post-norm: the sum normalised by norm j, which is also the stream)."""
@@ -278,11 +289,7 @@ def _step(tokens, pos, src_mask, self_kv, cross_kv, table, positions, emb_scale,
         lengths[r] = n
     for i in range(L):
         # self-attention: the new token's K/V go into the cache at each row's position
-        if pre:
-            _norm(x, norm_w[i, 0], norm_b[i, 0], eps, h)
-            _product(h, w_qkv[i], s_qkv[i], b_qkv[i], q_qkv[i], 0, none, qkv)
-        else:
-            _product(x, w_qkv[i], s_qkv[i], b_qkv[i], q_qkv[i], 0, none, qkv)
+        _qkv(x, h, norm_w[i, 0], norm_b[i, 0], eps, pre, w_qkv[i], s_qkv[i], b_qkv[i], q_qkv[i], none, qkv)
         for r in range(B):
             t = pos[r]
             for hh in range(H):
