@@ -49,6 +49,12 @@ RUN pip install --no-deps .
 
 
 FROM base AS runtime
+# libgomp: numba's OpenMP threading layer, with which the fused decode step and encoder share their products out
+# over the engine's threads (model/fused_step.py; without it they run on one thread).
+# hadolint ignore=DL3008
+RUN apt-get update \
+    && apt-get install -y --no-install-recommends libgomp1 \
+    && rm -rf /var/lib/apt/lists/*
 # /var/lib/tolk: what must outlive a restart (glossaries, SQLite), the one directory the server writes; mount a
 # volume there to keep it across containers.
 RUN groupadd --system --gid 10001 tolk \

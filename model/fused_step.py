@@ -18,13 +18,15 @@ calibration and int8 without fixed ranges keep that step (`FrozenTransformer.dec
 
 from __future__ import annotations
 
+import importlib
 import math
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any, cast
 
+import numba
 import numpy as np
 import torch
-from numba import njit
+from numba import njit, prange
 from torch import Tensor
 from torch.ao.nn.quantized.dynamic import Linear as QuantizedLinear
 
@@ -38,6 +40,38 @@ if TYPE_CHECKING:
 FAST = {"nsz", "arcp", "contract", "reassoc"}
 ACTIVATIONS = {None: 0, "relu": 1, "gelu": 2, "swish": 3}
 EXACT_SUM_TERMS = 1024  # int8 sums of at most this many terms are exact in float32 (127 * 128 * 1024 < 2^24)
+# A product of at least this many multiply-adds is cut over the threads (`_split`). Below it, starting the second
+# thread costs more than it saves: a 256 x 256 product at one row took 4.5 us cut in two against 3.7 us whole, a
+# 1,024 x 256 one 13.8 against 21.5 us (numba's OpenMP layer, the 2-core AVX2 EPYC).
+SPLIT_MACS = 1 << 17
+SPLIT_ROWS = 4  # and attention from this many rows on (one row's attention is a few microseconds)
+
+
+def _threadsafe_layer() -> str | None:
+    """numba's OpenMP or TBB threading layer, whichever loads here: both may be entered from several threads at
+    once (the server's batcher and encoder threads). None (neither loads; numba's own work queue is not safe
+    so): every product stays on its calling thread."""
+    for name in ("omp", "tbb"):
+        try:
+            importlib.import_module(f"numba.np.ufunc.{name}pool")
+        except (ImportError, OSError):
+            continue
+        return name
+    return None
+
+
+NUMBA_CONFIG: Any = numba.config
+THREADING_LAYER = _threadsafe_layer()
+if THREADING_LAYER is not None:
+    NUMBA_CONFIG.THREADING_LAYER = THREADING_LAYER
+
+
+def threads() -> int:
+    """How many threads the fused products may use: torch's thread count (the engine's setting), as the operator
+    step's products do, within numba's pool; 1 without a thread-safe layer."""
+    if THREADING_LAYER is None:
+        return 1
+    return max(1, min(torch.get_num_threads(), int(NUMBA_CONFIG.NUMBA_NUM_THREADS)))
 
 
 @njit(fastmath=FAST, nogil=True, cache=True)
@@ -52,7 +86,7 @@ def _act(v: float, kind: int) -> float:  # pragma: no cover - compiled
 
 
 @njit(fastmath=FAST, nogil=True, cache=True)
-def _product(x, w, scale, bias, quant, act, res, y):  # type: ignore[no-untyped-def]  # pragma: no cover - compiled
+def _product(x, w, scale, bias, quant, act, res, y, threads):  # type: ignore[no-untyped-def]  # pragma: no cover
     """y (B, N) = act(x (B, K) @ w (N, K).T * scale + bias) [+ res].
 
     quant = (1 / input scale, input scale, zero point, on): when on, x is quantized to 0..255 around the zero point
@@ -71,10 +105,12 @@ def _product(x, w, scale, bias, quant, act, res, y):  # type: ignore[no-untyped-
         out_scale = quant[1]
     else:
         xs[:] = x
-    if B == 1:
-        _rows1(xs, w, scale, bias, out_scale, act, y)
+    if threads > 1 and B * N * K >= SPLIT_MACS:
+        _split(xs, w, scale, bias, out_scale, act, y, threads)
+    elif B == 1:
+        _rows1(xs, w, scale, bias, out_scale, act, y, 0, N)
     else:
-        _rows2(xs, w, scale, bias, out_scale, act, y)
+        _rows2(xs, w, scale, bias, out_scale, act, y, 0, N)
     if res.shape[0] == B:
         for r in range(B):
             for j in range(N):
@@ -82,12 +118,12 @@ def _product(x, w, scale, bias, quant, act, res, y):  # type: ignore[no-untyped-
 
 
 @njit(fastmath=FAST, nogil=True, cache=True)
-def _rows1(xs, w, scale, bias, out_scale, act, y):  # type: ignore[no-untyped-def]  # pragma: no cover - compiled
-    """One row: four outputs at a time, the weights converted as they are read."""
+def _rows1(xs, w, scale, bias, out_scale, act, y, lo, hi):  # type: ignore[no-untyped-def]  # pragma: no cover
+    """One row, outputs lo..hi - 1 (lo a multiple of 4): four outputs at a time, the weights converted as they are
+    read."""
     K = xs.shape[1]
-    N = w.shape[0]
-    N4 = N - N % 4
-    for j in range(0, N4, 4):
+    N4 = hi - (hi - lo) % 4
+    for j in range(lo, N4, 4):
         a0 = np.float32(0.0)
         a1 = np.float32(0.0)
         a2 = np.float32(0.0)
@@ -102,7 +138,7 @@ def _rows1(xs, w, scale, bias, out_scale, act, y):  # type: ignore[no-untyped-de
         y[0, j + 1] = _act(a1 * (out_scale * scale[j + 1]) + bias[j + 1], act)
         y[0, j + 2] = _act(a2 * (out_scale * scale[j + 2]) + bias[j + 2], act)
         y[0, j + 3] = _act(a3 * (out_scale * scale[j + 3]) + bias[j + 3], act)
-    for j in range(N4, N):
+    for j in range(N4, hi):
         a = np.float32(0.0)
         for k in range(K):
             a += xs[0, k] * np.float32(w[j, k])
@@ -110,14 +146,14 @@ def _rows1(xs, w, scale, bias, out_scale, act, y):  # type: ignore[no-untyped-de
 
 
 @njit(fastmath=FAST, nogil=True, cache=True)
-def _rows2(xs, w, scale, bias, out_scale, act, y):  # type: ignore[no-untyped-def]  # pragma: no cover - compiled
-    """Several rows: four outputs' weights converted once into a block, then two rows at a time over it."""
+def _rows2(xs, w, scale, bias, out_scale, act, y, lo, hi):  # type: ignore[no-untyped-def]  # pragma: no cover
+    """Several rows, outputs lo..hi - 1 (lo a multiple of 4): four outputs' weights converted once into a block,
+    then two rows at a time over it."""
     B, K = xs.shape
-    N = w.shape[0]
     wb = np.zeros((4, K), np.float32)
     acc = np.empty((2, 4), np.float32)
-    for j in range(0, N, 4):
-        n = min(4, N - j)
+    for j in range(lo, hi, 4):
+        n = min(4, hi - j)
         for c in range(n):
             for k in range(K):
                 wb[c, k] = w[j + c, k]
@@ -150,6 +186,23 @@ def _rows2(xs, w, scale, bias, out_scale, act, y):  # type: ignore[no-untyped-de
                     y[r + i, j + c] = _act(acc[i, c] * (out_scale * scale[j + c]) + bias[j + c], act)
 
 
+@njit(fastmath=FAST, nogil=True, cache=True, parallel=True)
+def _split(xs, w, scale, bias, out_scale, act, y, parts):  # type: ignore[no-untyped-def]  # pragma: no cover
+    """`_rows1`/`_rows2` with the outputs cut into `parts` runs of whole blocks of four, one per thread. Each output
+    is computed by the same loop as without the cut, so the numbers do not depend on the thread count."""
+    B = xs.shape[0]
+    N = w.shape[0]
+    run = ((N + parts - 1) // parts + 3) // 4 * 4
+    for t in prange(parts):
+        lo = min(t * run, N)
+        hi = min(lo + run, N)
+        if lo < hi:
+            if B == 1:
+                _rows1(xs, w, scale, bias, out_scale, act, y, lo, hi)
+            else:
+                _rows2(xs, w, scale, bias, out_scale, act, y, lo, hi)
+
+
 @njit(fastmath=FAST, nogil=True, cache=True)
 def _norm(x, w, b, eps, out):  # type: ignore[no-untyped-def]  # pragma: no cover - compiled
     """LayerNorm of each row of x (B, D) into out."""
@@ -169,14 +222,14 @@ def _norm(x, w, b, eps, out):  # type: ignore[no-untyped-def]  # pragma: no cove
 
 
 @njit(fastmath=FAST, nogil=True, cache=True)
-def _qkv(x, h, norm_w, norm_b, eps, pre, w, s, b, q, none, qkv):  # type: ignore[no-untyped-def]  # pragma: no cover
+def _qkv(x, h, norm_w, norm_b, eps, pre, w, s, b, q, none, qkv, threads):  # type: ignore[no-untyped-def]  # pragma: no cover
     """A layer's self-attention Q, K and V of x into qkv, through the sublayer's norm first when pre-norm (into h).
     Shared by the step and the encoder (model/fused_encoder.py)."""
     if pre:
         _norm(x, norm_w, norm_b, eps, h)
-        _product(h, w, s, b, q, 0, none, qkv)
+        _product(h, w, s, b, q, 0, none, qkv, threads)
     else:
-        _product(x, w, s, b, q, 0, none, qkv)
+        _product(x, w, s, b, q, 0, none, qkv, threads)
 
 
 @njit(fastmath=FAST, nogil=True, cache=True)
@@ -193,11 +246,11 @@ def _next(x, h, norm_w, norm_b, j, eps, pre):  # type: ignore[no-untyped-def]  #
 
 @njit(fastmath=FAST, nogil=True, cache=True)
 def _feed_forward(x, h, f, w_1, s_1, b_1, q_1, w_2, s_2, b_2, q_2, act, norm_w, norm_b, eps,  # type: ignore[no-untyped-def]
-                  pre):  # pragma: no cover - compiled
+                  pre, threads):  # pragma: no cover - compiled
     """The feed-forward sublayer of the rows: h holds its input, x the stream, f (B, F) is scratch. x becomes the
     stream after it (post-norm: the residual sum normalised by norm_w, norm_b)."""
-    _product(h, w_1, s_1, b_1, q_1, act, np.empty((0, 0), np.float32), f)
-    _product(f, w_2, s_2, b_2, q_2, 0, x, h)
+    _product(h, w_1, s_1, b_1, q_1, act, np.empty((0, 0), np.float32), f, threads)
+    _product(f, w_2, s_2, b_2, q_2, 0, x, h, threads)
     if pre:
         x[:] = h
     else:
@@ -205,13 +258,13 @@ def _feed_forward(x, h, f, w_1, s_1, b_1, q_1, w_2, s_2, b_2, q_2, act, norm_w, 
 
 
 @njit(fastmath=FAST, nogil=True, cache=True)
-def _last(x, h, final_w, final_b, eps, pre, w, s, b, q, out):  # type: ignore[no-untyped-def]  # pragma: no cover
+def _last(x, h, final_w, final_b, eps, pre, w, s, b, q, out, threads):  # type: ignore[no-untyped-def]  # pragma: no cover
     """The stack's output product of the stream x: after the final norm (pre-norm, into h), or of x itself."""
     if pre:
         _norm(x, final_w, final_b, eps, h)
-        _product(h, w, s, b, q, 0, np.empty((0, 0), np.float32), out)
+        _product(h, w, s, b, q, 0, np.empty((0, 0), np.float32), out, threads)
     else:
-        _product(x, w, s, b, q, 0, np.empty((0, 0), np.float32), out)
+        _product(x, w, s, b, q, 0, np.empty((0, 0), np.float32), out, threads)
 
 
 @njit(fastmath=FAST, nogil=True, cache=True)
@@ -265,7 +318,7 @@ def _step(tokens, pos, src_mask, self_kv, cross_kv, table, positions, emb_scale,
           norm_w, norm_b, eps, pre, final_w, final_b, act,
           w_qkv, s_qkv, b_qkv, q_qkv, w_o, s_o, b_o, q_o, w_cq, s_cq, b_cq, q_cq,
           w_co, s_co, b_co, q_co, w_1, s_1, b_1, q_1, w_2, s_2, b_2, q_2,
-          w_out, s_out, b_out, q_out, logits, align):  # pragma: no cover - compiled
+          w_out, s_out, b_out, q_out, logits, align, threads):  # pragma: no cover - compiled
     """Rows 0..B-1 of the cache advance by one token each; logits (B, V) are written, `pos` moves on. Unless
     `align` is empty, the last layer's cross-attention weights averaged over heads are added into it (B, S)."""
     B = tokens.shape[0]
@@ -280,7 +333,6 @@ def _step(tokens, pos, src_mask, self_kv, cross_kv, table, positions, emb_scale,
     a = np.empty((B, D), np.float32)
     f = np.empty((B, w_1.shape[1]), np.float32)
     none = np.empty((0, 0), np.float32)
-    no_weights = np.empty(0, np.float32)
     lengths = np.empty(B, np.int64)
     for r in range(B):
         n = 0
@@ -289,29 +341,45 @@ def _step(tokens, pos, src_mask, self_kv, cross_kv, table, positions, emb_scale,
         lengths[r] = n
     for i in range(L):
         # self-attention: the new token's K/V go into the cache at each row's position
-        _qkv(x, h, norm_w[i, 0], norm_b[i, 0], eps, pre, w_qkv[i], s_qkv[i], b_qkv[i], q_qkv[i], none, qkv)
+        _qkv(x, h, norm_w[i, 0], norm_b[i, 0], eps, pre, w_qkv[i], s_qkv[i], b_qkv[i], q_qkv[i], none, qkv, threads)
         for r in range(B):
             t = pos[r]
             for hh in range(H):
                 for d in range(Dh):
                     self_kv[i, 0, r, hh, t, d] = qkv[r, D + hh * Dh + d]
                     self_kv[i, 1, r, hh, t, d] = qkv[r, 2 * D + hh * Dh + d]
-            _attend(qkv[r, :D], self_kv[i, 0, r], self_kv[i, 1, r], t + 1, a[r], no_weights)
-        _product(a, w_o[i], s_o[i], b_o[i], q_o[i], 0, x, h)
+        _attend_rows(qkv[:, :D], self_kv[i, 0], self_kv[i, 1], pos + 1, a, none, threads)
+        _product(a, w_o[i], s_o[i], b_o[i], q_o[i], 0, x, h, threads)
         _next(x, h, norm_w[i], norm_b[i], 0, eps, pre)
         # cross-attention over each row's own source length
         q = np.empty((B, D), np.float32)
-        _product(h, w_cq[i], s_cq[i], b_cq[i], q_cq[i], 0, none, q)
-        for r in range(B):
-            weights = align[r] if i == L - 1 and align.shape[0] > 0 else no_weights
-            _attend(q[r], cross_kv[i, 0, r], cross_kv[i, 1, r], lengths[r], a[r], weights)
-        _product(a, w_co[i], s_co[i], b_co[i], q_co[i], 0, x, h)
+        _product(h, w_cq[i], s_cq[i], b_cq[i], q_cq[i], 0, none, q, threads)
+        _attend_rows(q, cross_kv[i, 0], cross_kv[i, 1], lengths, a, align if i == L - 1 else none, threads)
+        _product(a, w_co[i], s_co[i], b_co[i], q_co[i], 0, x, h, threads)
         _next(x, h, norm_w[i], norm_b[i], 1, eps, pre)
         _feed_forward(x, h, f, w_1[i], s_1[i], b_1[i], q_1[i], w_2[i], s_2[i], b_2[i], q_2[i], act, norm_w[i, 2],
-                      norm_b[i, 2], eps, pre)
-    _last(x, h, final_w, final_b, eps, pre, w_out, s_out, b_out, q_out, logits)
+                      norm_b[i, 2], eps, pre, threads)
+    _last(x, h, final_w, final_b, eps, pre, w_out, s_out, b_out, q_out, logits, threads)
     for r in range(B):
         pos[r] += 1
+
+
+@njit(fastmath=FAST, nogil=True, cache=True)
+def _attend_rows(q, k, v, lengths, out, weights, threads):  # type: ignore[no-untyped-def]  # pragma: no cover
+    """`attend_rows`, the rows shared out over the threads from `SPLIT_ROWS` rows on (each row's arithmetic is
+    the same either way)."""
+    if threads > 1 and q.shape[0] >= SPLIT_ROWS:
+        _attend_split(q, k, v, lengths, out, weights, threads)
+    else:
+        attend_rows(q, k, v, lengths, out, weights)
+
+
+@njit(fastmath=FAST, nogil=True, cache=True, parallel=True)
+def _attend_split(q, k, v, lengths, out, weights, parts):  # type: ignore[no-untyped-def]  # pragma: no cover
+    none = np.empty(0, np.float32)
+    for t in prange(parts):
+        for r in range(t, q.shape[0], parts):
+            _attend(q[r], k[r], v[r], lengths[r], out[r], weights[r] if weights.shape[0] > 0 else none)
 
 
 def _weights(linears: Sequence[torch.nn.Module]) -> tuple[np.ndarray, np.ndarray, np.ndarray] | None:
@@ -438,7 +506,7 @@ class FusedStep:
         _step(np.zeros(1, np.int64), np.zeros(1, np.int64), np.ones((1, 1), np.bool_),  # type: ignore[call-arg]
               np.zeros((L, 2, 1, H, 2, Dh), np.float32), np.zeros((L, 2, 1, H, 1, Dh), np.float32),
               *self._args(off, np.float32(1.0)), np.empty((1, a["w_out"].shape[0]), np.float32),
-              np.zeros((1, 1), np.float32))
+              np.zeros((1, 1), np.float32), 1)
 
     def changed(self) -> None:
         """The products' input ranges or calibration state changed: read them again before the next step."""
@@ -479,7 +547,7 @@ class FusedStep:
         pos, src_mask, self_kv, cross_kv = cache.host_views()
         # tokens: a column of the row state (strided); one contiguous layout keeps to one compiled signature
         _step(np.ascontiguousarray(tokens.numpy()), pos, src_mask, self_kv, cross_kv,  # type: ignore[call-arg]
-              *self.args, logits.numpy(), weights.numpy())
+              *self.args, logits.numpy(), weights.numpy(), threads())
         cache.advance(B, on_device=False)
         if align is not None:
             align.append(weights[:, : cache.s_hi])
