@@ -140,7 +140,7 @@ class DecodeBatch:
         other devices it runs the same fixed-shape step eagerly (slower: the tests' check of that step)."""
         self.net = net
         self.cfg = net.cfg
-        self.cache = net.new_cache(rows, max_src, max_tgt)
+        self.cache = net.new_cache(rows, max_src, max_tgt, fixed=graphs)
         self.state = RowState(rows, self.cache.max_tgt, net.device)
         self._arange = np.arange(rows)
         self.graphed: GraphedStep | None = None

@@ -32,10 +32,10 @@ from model.cache import KVCache
 
 try:  # numba: the CPU's fused step; without it (the GPU script's bare machine) steps run operator by operator
     from model.fused_encoder import FusedEncoder
-    from model.fused_step import FusedStep, attend_rows
+    from model.fused_step import FusedStep, attend_all, threads
 except (ImportError, RuntimeError) as exc:  # pragma: no cover - RuntimeError: numba finds no writable cache
     logging.getLogger(__name__).warning("the fused CPU decode step is off (%s); set NUMBA_CACHE_DIR", exc)
-    FusedStep = attend_rows = FusedEncoder = None  # type: ignore[assignment,misc]
+    FusedStep = attend_all = threads = FusedEncoder = None  # type: ignore[assignment,misc]
 from model.layers import ACTIVATION_FUNCTIONS, Attention, DecoderLayer, EncoderLayer
 
 if TYPE_CHECKING:
@@ -301,7 +301,7 @@ class FrozenDecoderLayer:
         With `pos` (B,), the rows' positions on the device, attention runs over the whole cache buffers (shapes
         fixed, no host-side bounds): the form a CUDA graph can capture. With `align`, the cross-attention
         weights averaged over heads (B, S) are appended to it. With `lengths` (the rows' target and source
-        lengths, on the CPU), attention runs row by row over those lengths (model.fused_step.attend_rows).
+        lengths, on the CPU), attention runs row by row over those lengths (model.fused_step.attend_all).
         """
         B, D = x.shape
         qkv = self.qkv(self.norms.inp(x, 0)).view(B, 3, self.H, -1)  # (B, 3, H, Dh)
@@ -328,7 +328,7 @@ class FrozenDecoderLayer:
         B, H, T, Dh = kv.shape[1:]
         out = torch.empty(B, H * Dh)
         weights = torch.zeros(B, T) if align is not None else torch.empty(0, 0)
-        attend_rows(np.ascontiguousarray(q.numpy()), kv[0], kv[1], lengths, out.numpy(), weights.numpy())
+        attend_all(np.ascontiguousarray(q.numpy()), kv[0], kv[1], lengths, out.numpy(), weights.numpy(), threads())
         if align is not None:
             align.append(weights[:, : int(lengths.max())])
         return out
@@ -448,11 +448,18 @@ class FrozenTransformer:
         cfg = self.cfg
         return kv.view(B, S, cfg.decoder_layers, 2, cfg.n_heads, cfg.head_dim).permute(2, 3, 0, 4, 1, 5)
 
-    def new_cache(self, rows: int, max_src: int, max_tgt: int) -> KVCache:
+    @property
+    def by_length(self) -> bool:
+        """Whether `decode_step` attends over each row's own length (CPU, float32 activations, numba) rather than
+        over the padded cache with masks."""
+        return attend_all is not None and self.device.type == "cpu" and self.tgt_table.dtype == torch.float32
+
+    def new_cache(self, rows: int, max_src: int, max_tgt: int, fixed: bool = False) -> KVCache:
+        """fixed=True: for `decode_step_fixed`, which reads the whole buffers (masked)."""
         cfg = self.cfg
         max_tgt = min(max_tgt, cfg.max_positions)
         return KVCache(cfg.decoder_layers, rows, cfg.n_heads, cfg.head_dim, max_src, max_tgt, self.device,
-                       self.tgt_table.dtype)
+                       self.tgt_table.dtype, zeroed=fixed or not self.by_length)
 
     def decode_step(self, tokens: Tensor, cache: KVCache, align: list[Tensor] | None = None) -> Tensor:
         """Advance cache rows 0..B-1 by one token each: tokens (B,) -> logits (B, V).
@@ -466,7 +473,7 @@ class FrozenTransformer:
             return fused(tokens, cache, align)
         x = self.embed(self.tgt_table, tokens, self.positions[cache.pos[:B]])  # (B, D), row b at its own position
         lengths, self_mask, cross_mask = None, None, None
-        if attend_rows is not None and x.device.type == "cpu" and x.dtype == torch.float32:
+        if self.by_length:
             pos, src_mask = cache.host_views()[:2]
             lengths = (pos[:B] + 1, src_mask[:B].sum(1))  # each row's keys: its tokens so far, its source
         else:

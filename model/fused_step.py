@@ -348,13 +348,13 @@ def _step(tokens, pos, src_mask, self_kv, cross_kv, table, positions, emb_scale,
                 for d in range(Dh):
                     self_kv[i, 0, r, hh, t, d] = qkv[r, D + hh * Dh + d]
                     self_kv[i, 1, r, hh, t, d] = qkv[r, 2 * D + hh * Dh + d]
-        _attend_rows(qkv[:, :D], self_kv[i, 0], self_kv[i, 1], pos + 1, a, none, threads)
+        attend_all(qkv[:, :D], self_kv[i, 0], self_kv[i, 1], pos + 1, a, none, threads)
         _product(a, w_o[i], s_o[i], b_o[i], q_o[i], 0, x, h, threads)
         _next(x, h, norm_w[i], norm_b[i], 0, eps, pre)
         # cross-attention over each row's own source length
         q = np.empty((B, D), np.float32)
         _product(h, w_cq[i], s_cq[i], b_cq[i], q_cq[i], 0, none, q, threads)
-        _attend_rows(q, cross_kv[i, 0], cross_kv[i, 1], lengths, a, align if i == L - 1 else none, threads)
+        attend_all(q, cross_kv[i, 0], cross_kv[i, 1], lengths, a, align if i == L - 1 else none, threads)
         _product(a, w_co[i], s_co[i], b_co[i], q_co[i], 0, x, h, threads)
         _next(x, h, norm_w[i], norm_b[i], 1, eps, pre)
         _feed_forward(x, h, f, w_1[i], s_1[i], b_1[i], q_1[i], w_2[i], s_2[i], b_2[i], q_2[i], act, norm_w[i, 2],
@@ -365,9 +365,9 @@ def _step(tokens, pos, src_mask, self_kv, cross_kv, table, positions, emb_scale,
 
 
 @njit(fastmath=FAST, nogil=True, cache=True)
-def _attend_rows(q, k, v, lengths, out, weights, threads):  # type: ignore[no-untyped-def]  # pragma: no cover
-    """`attend_rows`, the rows shared out over the threads from `SPLIT_ROWS` rows on (each row's arithmetic is
-    the same either way)."""
+def attend_all(q, k, v, lengths, out, weights, threads):  # type: ignore[no-untyped-def]  # pragma: no cover
+    """`attend_rows`, the rows shared out over `threads` threads from `SPLIT_ROWS` rows on (each row's arithmetic
+    is the same either way). The fused step's attention, and the operator step's."""
     if threads > 1 and q.shape[0] >= SPLIT_ROWS:
         _attend_split(q, k, v, lengths, out, weights, threads)
     else:

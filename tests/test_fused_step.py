@@ -16,7 +16,7 @@ from model import calibrate, fused_step  # noqa: E402
 from model.checkpoint import LoadedModel, quantize_int8  # noqa: E402
 from model.decode import DecodeBatch  # noqa: E402
 from model.frozen import FrozenTransformer, Projection, freeze  # noqa: E402
-from model.fused_step import FusedStep, _attend_rows, _product, _weights  # noqa: E402
+from model.fused_step import FusedStep, _product, _weights, attend_all  # noqa: E402
 from model.generation import GenerationConfig  # noqa: E402
 from model.search import generate  # noqa: E402
 from tests.test_int8_ranges import quantized  # noqa: E402
@@ -53,7 +53,9 @@ def steps(net: FrozenTransformer, count: int) -> list[torch.Tensor]:
             logits, _ = batch.forward()
             out.append(logits.clone())
             batch.record(logits.argmax(-1))
-        out.append(batch.cache.self_kv[:, :, :5].clone())
+        # each row's K/V as far as it has written them (beyond, the buffers are left as allocated)
+        pos = batch.cache.pos[:5].tolist()
+        out.append(torch.cat([batch.cache.self_kv[:, :, r, :, :n].flatten() for r, n in enumerate(pos)]))
     return out
 
 
@@ -143,7 +145,7 @@ def test_attention_shared_out_over_threads_gives_the_same_numbers() -> None:
     got = []
     for parts in (1, 2, 4):
         out, weights = np.full((B, H * Dh), np.nan, np.float32), np.zeros((B, T), np.float32)
-        _attend_rows(q, k, v, lengths, out, weights, parts)
+        attend_all(q, k, v, lengths, out, weights, parts)
         got.append((out, weights))
     assert not np.isnan(got[0][0]).any() and np.allclose(got[0][1].sum(1), 1.0, atol=1e-5)
     for out, weights in got[1:]:
@@ -253,3 +255,24 @@ def test_the_plain_greedy_step_gives_the_general_steps_tokens(tiny_loaded: Loade
     assert any(common in tokens for tokens in natural) and all(common not in tokens for tokens, _, _ in short)
     assert all(len(tokens) >= c.min_new_tokens for (tokens, _, _), c in zip(short, configs, strict=True))
     assert all(math.isfinite(score) for _, _, score in short[2:4])
+
+
+@pytest.mark.parametrize("dtype", ["float32", "int8"])
+def test_steps_never_read_the_cache_beyond_each_rows_length(dtype: str) -> None:
+    """The CPU cache's K/V buffers are left as allocated (KVCache zeroed=False): the fused and the operator step
+    read each row's keys up to its own length only. With NaN everywhere beforehand, greedy and beam search (rows
+    reordered, joining and leaving, 1 to 8 at a time) give the tokens and scores of a zeroed cache; the masked
+    fixed-shape step gets a zeroed cache."""
+    fused, plain = nets(dtype, norm="pre", activation="relu")
+    for net in (fused, plain):
+        assert net.by_length and not bool(net.new_cache(2, 4, 4, fixed=True).self_kv.any())
+        for config in (GenerationConfig(max_new_tokens=10), GenerationConfig(max_new_tokens=10, beam_size=2)):
+            runs = []
+            for poison in (False, True):
+                batch = DecodeBatch(net, 8, 12, 16)
+                if poison:
+                    batch.cache.self_kv.fill_(math.nan)
+                    batch.cache.cross_kv.fill_(math.nan)
+                with torch.inference_mode():
+                    runs.append([(h[0].tokens, h[0].score) for h in generate(net, SOURCES * 2, config, batch=batch)])
+            assert runs[0] == runs[1]
