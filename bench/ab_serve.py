@@ -38,10 +38,10 @@ sys.path.insert(0, str(ROOT / "bench"))
 from serve import wait_ready  # noqa: E402
 
 
-def start(tree: Path, port: int, args: argparse.Namespace) -> subprocess.Popen[bytes]:
+def start(tree: Path, port: int, args: argparse.Namespace, threads: int) -> subprocess.Popen[bytes]:
     env = {**os.environ, "TOLK_DTYPE": args.dtype, "TOLK_TRANSLATION_CACHE_ENTRIES": "0", "TOLK_MAX_QUEUE": "100000"}
     return subprocess.Popen([sys.executable, "-m", "server", "--model", str(args.model.resolve()), "--port", str(port),
-                             "--threads", str(args.threads), "--log-level", "warning"], cwd=tree, env=env)
+                             "--threads", str(threads), "--log-level", "warning"], cwd=tree, env=env)
 
 
 async def pairs(ports: dict[str, int], sentences: list[str], warmup: int) -> dict[str, Any]:
@@ -111,6 +111,8 @@ def main() -> None:
     p.add_argument("-n", type=int, default=400, help="sentences, each sent to both servers")
     p.add_argument("--dtype", default="int8")
     p.add_argument("--threads", type=int, default=1)
+    p.add_argument("--base-threads", type=int, default=0, help="the base server's --threads (default: --threads); "
+                   "with --base HEAD, compares two settings of one revision")
     p.add_argument("--clients", type=int, default=0, help="throughput with this many closed-loop clients instead")
     p.add_argument("--rounds", type=int, default=4, help="with --clients: phases per server")
     p.add_argument("--out", type=Path, default=ROOT / "bench" / "results" / "ab-serve.json")
@@ -125,7 +127,8 @@ def main() -> None:
         subprocess.run(["git", "worktree", "add", "--detach", str(base), base_rev], cwd=ROOT, check=True,
                        capture_output=True)
         ports = {"base": 8451, "head": 8452}
-        processes = {"base": start(base, ports["base"], args), "head": start(ROOT, ports["head"], args)}
+        processes = {"base": start(base, ports["base"], args, args.base_threads or args.threads),
+                     "head": start(ROOT, ports["head"], args, args.threads)}
         try:
             for name, process in processes.items():
                 wait_ready(f"http://127.0.0.1:{ports[name]}", process)
@@ -141,7 +144,8 @@ def main() -> None:
     model = args.model.resolve()
     shown = model.relative_to(ROOT) if model.is_relative_to(ROOT) else model
     result.update({"base": base_rev, "head": head_rev, "model": str(shown), "dtype": args.dtype,
-                   "threads": args.threads, "cpu": platform.processor() or platform.machine(),
+                   "threads": args.threads, "base_threads": args.base_threads or args.threads,
+                   "cpu": platform.processor() or platform.machine(),
                    "note": "head's working tree as it is, uncommitted changes included"})
     if args.clients:
         print(f"{'round':>5} {'base sent/s':>12} {'head sent/s':>12} {'head/base':>10}")
