@@ -32,10 +32,10 @@ from model.cache import KVCache
 
 try:  # numba: the CPU's fused step; without it (the GPU script's bare machine) steps run operator by operator
     from model.fused_encoder import FusedEncoder
-    from model.fused_step import FusedStep, attend_all, threads
+    from model.fused_step import FusedStep, attend_all, limit_threads, threads
 except (ImportError, RuntimeError) as exc:  # pragma: no cover - RuntimeError: numba finds no writable cache
     logging.getLogger(__name__).warning("the fused CPU decode step is off (%s); set NUMBA_CACHE_DIR", exc)
-    FusedStep = attend_all = threads = FusedEncoder = None  # type: ignore[assignment,misc]
+    FusedStep = attend_all = limit_threads = threads = FusedEncoder = None  # type: ignore[assignment,misc]
 from model.layers import ACTIVATION_FUNCTIONS, Attention, DecoderLayer, EncoderLayer
 
 if TYPE_CHECKING:
@@ -332,6 +332,15 @@ class FrozenDecoderLayer:
         if align is not None:
             align.append(weights[:, : int(lengths.max())])
         return out
+
+
+def set_thread_limits(torch_threads: int | None, fused_threads: int | None) -> None:
+    """For the calling thread: torch's thread count (process-wide) and at most how many threads the fused step,
+    the fused encoder and row-wise attention started from this thread use (model.fused_step.limit_threads)."""
+    if torch_threads:
+        torch.set_num_threads(torch_threads)
+    if limit_threads is not None:
+        limit_threads(fused_threads)
 
 
 class FrozenTransformer:

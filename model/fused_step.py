@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import importlib
 import math
+import threading
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any, cast
 
@@ -66,12 +67,24 @@ if THREADING_LAYER is not None:
     NUMBA_CONFIG.THREADING_LAYER = THREADING_LAYER
 
 
+_LIMIT = threading.local()
+
+
+def limit_threads(count: int | None) -> None:
+    """At most `count` threads for the fused products and row-wise attention started from the calling thread
+    (None: no limit). The server's batcher and encoder threads set it (its `fused_threads` setting)."""
+    _LIMIT.count = count
+
+
 def threads() -> int:
     """How many threads the fused products may use: torch's thread count (the engine's setting), as the operator
-    step's products do, within numba's pool; 1 without a thread-safe layer."""
+    step's products do, within numba's pool and the calling thread's `limit_threads`; 1 without a thread-safe
+    layer."""
     if THREADING_LAYER is None:
         return 1
-    return max(1, min(torch.get_num_threads(), int(NUMBA_CONFIG.NUMBA_NUM_THREADS)))
+    count = min(torch.get_num_threads(), int(NUMBA_CONFIG.NUMBA_NUM_THREADS))
+    limit = getattr(_LIMIT, "count", None)
+    return max(1, min(count, limit) if limit is not None else count)
 
 
 @njit(fastmath=FAST, nogil=True, cache=True)

@@ -15,7 +15,7 @@ pytest.importorskip("numba", reason="the fused step needs numba (the GPU script'
 from model import calibrate, fused_step  # noqa: E402
 from model.checkpoint import LoadedModel, quantize_int8  # noqa: E402
 from model.decode import DecodeBatch  # noqa: E402
-from model.frozen import FrozenTransformer, Projection, freeze  # noqa: E402
+from model.frozen import FrozenTransformer, Projection, freeze, set_thread_limits  # noqa: E402
 from model.fused_step import FusedStep, _product, _weights, attend_all  # noqa: E402
 from model.generation import GenerationConfig  # noqa: E402
 from model.search import generate  # noqa: E402
@@ -276,3 +276,22 @@ def test_steps_never_read_the_cache_beyond_each_rows_length(dtype: str) -> None:
                 with torch.inference_mode():
                     runs.append([(h[0].tokens, h[0].score) for h in generate(net, SOURCES * 2, config, batch=batch)])
             assert runs[0] == runs[1]
+
+
+@pytest.mark.skipif(fused_step.THREADING_LAYER is None, reason="no thread-safe numba threading layer here")
+def test_a_threads_limit_holds_for_the_thread_that_sets_it() -> None:
+    """The server's batcher and encoder threads limit the fused step's threads (TOLK_FUSED_THREADS) without
+    touching torch's count or other threads."""
+    import threading
+
+    before = torch.get_num_threads()
+    seen: list[int] = []
+    try:
+        torch.set_num_threads(2)
+        assert fused_step.threads() == 2
+        worker = threading.Thread(target=lambda: (set_thread_limits(2, 1), seen.append(fused_step.threads())))
+        worker.start()
+        worker.join()
+        assert seen == [1] and fused_step.threads() == 2 and torch.get_num_threads() == 2
+    finally:
+        torch.set_num_threads(before)
