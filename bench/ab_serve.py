@@ -38,8 +38,10 @@ sys.path.insert(0, str(ROOT / "bench"))
 from serve import wait_ready  # noqa: E402
 
 
-def start(tree: Path, port: int, args: argparse.Namespace, threads: int) -> subprocess.Popen[bytes]:
+def start(tree: Path, port: int, args: argparse.Namespace, threads: int, extra: list[str]
+          ) -> subprocess.Popen[bytes]:
     env = {**os.environ, "TOLK_DTYPE": args.dtype, "TOLK_TRANSLATION_CACHE_ENTRIES": "0", "TOLK_MAX_QUEUE": "100000"}
+    env.update(item.split("=", 1) for item in extra)
     return subprocess.Popen([sys.executable, "-m", "server", "--model", str(args.model.resolve()), "--port", str(port),
                              "--threads", str(threads), "--log-level", "warning"], cwd=tree, env=env)
 
@@ -113,6 +115,10 @@ def main() -> None:
     p.add_argument("--threads", type=int, default=1)
     p.add_argument("--base-threads", type=int, default=0, help="the base server's --threads (default: --threads); "
                    "with --base HEAD, compares two settings of one revision")
+    p.add_argument("--base-env", action="append", default=[], metavar="NAME=VALUE",
+                   help="an environment variable for the base server only (repeatable)")
+    p.add_argument("--head-env", action="append", default=[], metavar="NAME=VALUE",
+                   help="an environment variable for the head server only (repeatable)")
     p.add_argument("--clients", type=int, default=0, help="throughput with this many closed-loop clients instead")
     p.add_argument("--rounds", type=int, default=4, help="with --clients: phases per server")
     p.add_argument("--out", type=Path, default=ROOT / "bench" / "results" / "ab-serve.json")
@@ -127,8 +133,8 @@ def main() -> None:
         subprocess.run(["git", "worktree", "add", "--detach", str(base), base_rev], cwd=ROOT, check=True,
                        capture_output=True)
         ports = {"base": 8451, "head": 8452}
-        processes = {"base": start(base, ports["base"], args, args.base_threads or args.threads),
-                     "head": start(ROOT, ports["head"], args, args.threads)}
+        processes = {"base": start(base, ports["base"], args, args.base_threads or args.threads, args.base_env),
+                     "head": start(ROOT, ports["head"], args, args.threads, args.head_env)}
         try:
             for name, process in processes.items():
                 wait_ready(f"http://127.0.0.1:{ports[name]}", process)
@@ -145,6 +151,7 @@ def main() -> None:
     shown = model.relative_to(ROOT) if model.is_relative_to(ROOT) else model
     result.update({"base": base_rev, "head": head_rev, "model": str(shown), "dtype": args.dtype,
                    "threads": args.threads, "base_threads": args.base_threads or args.threads,
+                   "base_env": args.base_env, "head_env": args.head_env,
                    "cpu": platform.processor() or platform.machine(),
                    "note": "head's working tree as it is, uncommitted changes included"})
     if args.clients:
