@@ -50,7 +50,7 @@ RUN pip install --no-deps .
 
 FROM base AS runtime
 # libgomp: numba's OpenMP threading layer, with which the fused decode step and encoder share their products out
-# over the engine's threads (model/fused_step.py; without it they run on one thread).
+# over the engine's threads (model/kernels.py; without it they run on one thread).
 # hadolint ignore=DL3008
 RUN apt-get update \
     && apt-get install -y --no-install-recommends libgomp1 \

@@ -32,7 +32,8 @@ from model.cache import KVCache
 
 try:  # numba: the CPU's fused step; without it (the GPU script's bare machine) steps run operator by operator
     from model.fused_encoder import FusedEncoder
-    from model.fused_step import FusedStep, attend_all, limit_threads, threads
+    from model.fused_step import FusedStep
+    from model.kernels import attend_all, limit_threads, threads
 except (ImportError, RuntimeError) as exc:  # pragma: no cover - RuntimeError: numba finds no writable cache
     logging.getLogger(__name__).warning("the fused CPU decode step is off (%s); set NUMBA_CACHE_DIR", exc)
     FusedStep = attend_all = limit_threads = threads = FusedEncoder = None  # type: ignore[assignment,misc]

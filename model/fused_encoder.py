@@ -10,7 +10,7 @@ float32 ones). So sentences of at most `MAX_TOKENS` (float32) or `MAX_TOKENS_INT
 the same way whatever else is admitted with it: a sentence's numbers depend on its own length, never on its
 neighbours'.
 
-Products are the fused decode step's (`model.fused_step._product`): float32 as they are; int8 with the same int8
+Products are the fused decode step's (`model.kernels._product`): float32 as they are; int8 with the same int8
 weights and fixed input ranges as fbgemm's, exact integer sums scaled as fbgemm scales them (per output channel
 here, as the encoder's weights are quantized). Attention runs over each sentence's own tokens (`_attend`).
 """
@@ -25,20 +25,8 @@ from numba import njit
 from torch import Tensor
 from torch.ao.nn.quantized.dynamic import Linear as QuantizedLinear
 
-from model.fused_step import (
-    ACTIVATIONS,
-    FAST,
-    MAX_WEIGHT_BYTES,
-    _attend,
-    _feed_forward,
-    _last,
-    _next,
-    _product,
-    _qkv,
-    _weights,
-    input_ranges,
-    threads,
-)
+from model.fused_step import MAX_WEIGHT_BYTES, _weights, input_ranges
+from model.kernels import ACTIVATIONS, FAST, _attend, _feed_forward, _last, _next, _product, _qkv, threads
 
 if TYPE_CHECKING:
     from model.frozen import FrozenTransformer, Projection

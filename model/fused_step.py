@@ -3,13 +3,8 @@
 A one-row step of a small model is mostly fixed costs: about 330 PyTorch operator calls, and fbgemm's int8 product
 takes 25-40 us a call however small it is (docs/benchmarks.md). Here the whole decoder step (embedding, every
 layer's norms, products, attention over each row's own length, the output projection) is one numba function over
-the cache buffers, so a step costs its arithmetic and the reading of its weights.
-
-Products are the same as the frozen network's:
-- float32: the weights as they are;
-- int8: the same int8 weights and the same fixed input ranges (`model.calibrate`) as fbgemm's product. The input
-  is quantized to 7 bits and each output is an exact integer sum, computed in float32 (products of at most 127 x 128
-  summed over at most 1,024 terms stay below 2^24, where float32 holds every integer), then scaled as fbgemm does.
+the cache buffers, so a step costs its arithmetic and the reading of its weights. Its pieces, and how products are
+computed and cut over threads, are in model/kernels.py.
 
 Rows are computed one by one with the same order of operations whatever the batch, so a row's numbers are its own.
 Used for up to `FusedStep.max_rows` rows, where it is faster than the operator-by-operator step; alignment,
@@ -18,312 +13,33 @@ calibration and int8 without fixed ranges keep that step (`FrozenTransformer.dec
 
 from __future__ import annotations
 
-import importlib
-import math
-import threading
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any, cast
 
-import numba
 import numpy as np
 import torch
-from numba import njit, prange
+from numba import njit
 from torch import Tensor
 from torch.ao.nn.quantized.dynamic import Linear as QuantizedLinear
+
+from model.kernels import (
+    ACTIVATIONS,
+    EXACT_SUM_TERMS,
+    FAST,
+    _feed_forward,
+    _last,
+    _next,
+    _product,
+    _qkv,
+    attend_all,
+    threads,
+)
 
 if TYPE_CHECKING:
     from model.cache import KVCache
     from model.frozen import FrozenTransformer, Projection
     from model.layers import DecoderLayer
     from model.transformer import Transformer
-
-# Reassociation lets sums vectorise; no "nnan"/"ninf": masked attention scores are -inf.
-FAST = {"nsz", "arcp", "contract", "reassoc"}
-ACTIVATIONS = {None: 0, "relu": 1, "gelu": 2, "swish": 3}
-EXACT_SUM_TERMS = 1024  # int8 sums of at most this many terms are exact in float32 (127 * 128 * 1024 < 2^24)
-# A product of at least this many multiply-adds is cut over the threads (`_split`). Below it, starting the second
-# thread costs more than it saves: a 256 x 256 product at one row took 4.5 us cut in two against 3.7 us whole, a
-# 1,024 x 256 one 13.8 against 21.5 us (numba's OpenMP layer, the 2-core AVX2 EPYC).
-SPLIT_MACS = 1 << 17
-SPLIT_ROWS = 4  # and attention from this many rows on (one row's attention is a few microseconds)
-
-
-def _threadsafe_layer() -> str | None:
-    """numba's OpenMP or TBB threading layer, whichever loads here: both may be entered from several threads at
-    once (the server's batcher and encoder threads). None (neither loads; numba's own work queue is not safe
-    so): every product stays on its calling thread."""
-    for name in ("omp", "tbb"):
-        try:
-            importlib.import_module(f"numba.np.ufunc.{name}pool")
-        except (ImportError, OSError):
-            continue
-        return name
-    return None
-
-
-NUMBA_CONFIG: Any = numba.config
-THREADING_LAYER = _threadsafe_layer()
-if THREADING_LAYER is not None:
-    NUMBA_CONFIG.THREADING_LAYER = THREADING_LAYER
-
-
-_LIMIT = threading.local()
-
-
-def limit_threads(count: int | None) -> None:
-    """At most `count` threads for the fused products and row-wise attention started from the calling thread
-    (None: no limit). The server's batcher and encoder threads set it (its `fused_threads` setting)."""
-    _LIMIT.count = count
-
-
-def threads() -> int:
-    """How many threads the fused products may use: torch's thread count (the engine's setting), as the operator
-    step's products do, within numba's pool and the calling thread's `limit_threads`; 1 without a thread-safe
-    layer."""
-    if THREADING_LAYER is None:
-        return 1
-    count = min(torch.get_num_threads(), int(NUMBA_CONFIG.NUMBA_NUM_THREADS))
-    limit = getattr(_LIMIT, "count", None)
-    return max(1, min(count, limit) if limit is not None else count)
-
-
-@njit(fastmath=FAST, nogil=True, cache=True)
-def _act(v: float, kind: int) -> float:  # pragma: no cover - compiled
-    if kind == 1:
-        return max(v, 0.0)
-    if kind == 2:
-        return 0.5 * v * (1.0 + math.erf(v * 0.7071067811865476))
-    if kind == 3:
-        return v / (1.0 + math.exp(-v))
-    return v
-
-
-@njit(fastmath=FAST, nogil=True, cache=True)
-def _product(x, w, scale, bias, quant, act, res, y, threads):  # type: ignore[no-untyped-def]  # pragma: no cover
-    """y (B, N) = act(x (B, K) @ w (N, K).T * scale + bias) [+ res].
-
-    quant = (1 / input scale, input scale, zero point, on): when on, x is quantized to 0..255 around the zero point
-    first (fbgemm's uint8 input), and the integer sums are scaled by input scale * scale[j].
-    """
-    B, K = x.shape
-    N = w.shape[0]
-    xs = np.empty((B, K), np.float32)
-    out_scale = np.float32(1.0)
-    if quant[3] != 0:
-        zp = quant[2]
-        for r in range(B):
-            for k in range(K):
-                v = np.float32(np.round(x[r, k] * quant[0])) + zp
-                xs[r, k] = min(max(v, np.float32(0.0)), np.float32(255.0)) - zp
-        out_scale = quant[1]
-    else:
-        xs[:] = x
-    if threads > 1 and B * N * K >= SPLIT_MACS:
-        _split(xs, w, scale, bias, out_scale, act, y, threads)
-    elif B == 1:
-        _rows1(xs, w, scale, bias, out_scale, act, y, 0, N)
-    else:
-        _rows2(xs, w, scale, bias, out_scale, act, y, 0, N)
-    if res.shape[0] == B:
-        for r in range(B):
-            for j in range(N):
-                y[r, j] += res[r, j]
-
-
-@njit(fastmath=FAST, nogil=True, cache=True)
-def _rows1(xs, w, scale, bias, out_scale, act, y, lo, hi):  # type: ignore[no-untyped-def]  # pragma: no cover
-    """One row, outputs lo..hi - 1 (lo a multiple of 4): four outputs at a time, the weights converted as they are
-    read."""
-    K = xs.shape[1]
-    N4 = hi - (hi - lo) % 4
-    for j in range(lo, N4, 4):
-        a0 = np.float32(0.0)
-        a1 = np.float32(0.0)
-        a2 = np.float32(0.0)
-        a3 = np.float32(0.0)
-        for k in range(K):
-            v = xs[0, k]
-            a0 += v * np.float32(w[j, k])
-            a1 += v * np.float32(w[j + 1, k])
-            a2 += v * np.float32(w[j + 2, k])
-            a3 += v * np.float32(w[j + 3, k])
-        y[0, j] = _act(a0 * (out_scale * scale[j]) + bias[j], act)
-        y[0, j + 1] = _act(a1 * (out_scale * scale[j + 1]) + bias[j + 1], act)
-        y[0, j + 2] = _act(a2 * (out_scale * scale[j + 2]) + bias[j + 2], act)
-        y[0, j + 3] = _act(a3 * (out_scale * scale[j + 3]) + bias[j + 3], act)
-    for j in range(N4, hi):
-        a = np.float32(0.0)
-        for k in range(K):
-            a += xs[0, k] * np.float32(w[j, k])
-        y[0, j] = _act(a * (out_scale * scale[j]) + bias[j], act)
-
-
-@njit(fastmath=FAST, nogil=True, cache=True)
-def _rows2(xs, w, scale, bias, out_scale, act, y, lo, hi):  # type: ignore[no-untyped-def]  # pragma: no cover
-    """Several rows, outputs lo..hi - 1 (lo a multiple of 4): four outputs' weights converted once into a block,
-    then two rows at a time over it."""
-    B, K = xs.shape
-    wb = np.zeros((4, K), np.float32)
-    acc = np.empty((2, 4), np.float32)
-    for j in range(lo, hi, 4):
-        n = min(4, hi - j)
-        for c in range(n):
-            for k in range(K):
-                wb[c, k] = w[j + c, k]
-        for r in range(0, B, 2):
-            u_row = xs[r]
-            v_row = xs[r + 1] if r + 1 < B else xs[r]
-            a0 = np.float32(0.0)
-            a1 = np.float32(0.0)
-            a2 = np.float32(0.0)
-            a3 = np.float32(0.0)
-            b0 = np.float32(0.0)
-            b1 = np.float32(0.0)
-            b2 = np.float32(0.0)
-            b3 = np.float32(0.0)
-            for k in range(K):
-                u = u_row[k]
-                v = v_row[k]
-                a0 += u * wb[0, k]
-                a1 += u * wb[1, k]
-                a2 += u * wb[2, k]
-                a3 += u * wb[3, k]
-                b0 += v * wb[0, k]
-                b1 += v * wb[1, k]
-                b2 += v * wb[2, k]
-                b3 += v * wb[3, k]
-            acc[0, 0], acc[0, 1], acc[0, 2], acc[0, 3] = a0, a1, a2, a3
-            acc[1, 0], acc[1, 1], acc[1, 2], acc[1, 3] = b0, b1, b2, b3
-            for i in range(min(2, B - r)):
-                for c in range(n):
-                    y[r + i, j + c] = _act(acc[i, c] * (out_scale * scale[j + c]) + bias[j + c], act)
-
-
-@njit(fastmath=FAST, nogil=True, cache=True, parallel=True)
-def _split(xs, w, scale, bias, out_scale, act, y, parts):  # type: ignore[no-untyped-def]  # pragma: no cover
-    """`_rows1`/`_rows2` with the outputs cut into `parts` runs of whole blocks of four, one per thread. Each output
-    is computed by the same loop as without the cut, so the numbers do not depend on the thread count."""
-    B = xs.shape[0]
-    N = w.shape[0]
-    run = ((N + parts - 1) // parts + 3) // 4 * 4
-    for t in prange(parts):
-        lo = min(t * run, N)
-        hi = min(lo + run, N)
-        if lo < hi:
-            if B == 1:
-                _rows1(xs, w, scale, bias, out_scale, act, y, lo, hi)
-            else:
-                _rows2(xs, w, scale, bias, out_scale, act, y, lo, hi)
-
-
-@njit(fastmath=FAST, nogil=True, cache=True)
-def _norm(x, w, b, eps, out):  # type: ignore[no-untyped-def]  # pragma: no cover - compiled
-    """LayerNorm of each row of x (B, D) into out."""
-    B, D = x.shape
-    for r in range(B):
-        mean = np.float32(0.0)
-        for d in range(D):
-            mean += x[r, d]
-        mean /= D
-        var = np.float32(0.0)
-        for d in range(D):
-            c = x[r, d] - mean
-            var += c * c
-        inv = np.float32(1.0) / np.sqrt(var / D + eps)
-        for d in range(D):
-            out[r, d] = (x[r, d] - mean) * inv * w[d] + b[d]
-
-
-@njit(fastmath=FAST, nogil=True, cache=True)
-def _qkv(x, h, norm_w, norm_b, eps, pre, w, s, b, q, none, qkv, threads):  # type: ignore[no-untyped-def]  # pragma: no cover
-    """A layer's self-attention Q, K and V of x into qkv, through the sublayer's norm first when pre-norm (into h).
-    Shared by the step and the encoder (model/fused_encoder.py)."""
-    if pre:
-        _norm(x, norm_w, norm_b, eps, h)
-        _product(h, w, s, b, q, 0, none, qkv, threads)
-    else:
-        _product(x, w, s, b, q, 0, none, qkv, threads)
-
-
-@njit(fastmath=FAST, nogil=True, cache=True)
-def _next(x, h, norm_w, norm_b, j, eps, pre):  # type: ignore[no-untyped-def]  # pragma: no cover - compiled
-    """h holds sublayer j's residual sum: x becomes the stream and h the input of sublayer j + 1 (pre-norm: the
-    stream normalised by norm j + 1; post-norm: the sum normalised by norm j, which is also the stream)."""
-    if pre:
-        x[:] = h
-        _norm(x, norm_w[j + 1], norm_b[j + 1], eps, h)
-    else:
-        _norm(h, norm_w[j], norm_b[j], eps, x)
-        h[:] = x
-
-
-@njit(fastmath=FAST, nogil=True, cache=True)
-def _feed_forward(x, h, f, w_1, s_1, b_1, q_1, w_2, s_2, b_2, q_2, act, norm_w, norm_b, eps,  # type: ignore[no-untyped-def]
-                  pre, threads):  # pragma: no cover - compiled
-    """The feed-forward sublayer of the rows: h holds its input, x the stream, f (B, F) is scratch. x becomes the
-    stream after it (post-norm: the residual sum normalised by norm_w, norm_b)."""
-    _product(h, w_1, s_1, b_1, q_1, act, np.empty((0, 0), np.float32), f, threads)
-    _product(f, w_2, s_2, b_2, q_2, 0, x, h, threads)
-    if pre:
-        x[:] = h
-    else:
-        _norm(h, norm_w, norm_b, eps, x)
-
-
-@njit(fastmath=FAST, nogil=True, cache=True)
-def _last(x, h, final_w, final_b, eps, pre, w, s, b, q, out, threads):  # type: ignore[no-untyped-def]  # pragma: no cover
-    """The stack's output product of the stream x: after the final norm (pre-norm, into h), or of x itself."""
-    if pre:
-        _norm(x, final_w, final_b, eps, h)
-        _product(h, w, s, b, q, 0, np.empty((0, 0), np.float32), out, threads)
-    else:
-        _product(x, w, s, b, q, 0, np.empty((0, 0), np.float32), out, threads)
-
-
-@njit(fastmath=FAST, nogil=True, cache=True)
-def _attend(q, k, v, n, out, weights):  # type: ignore[no-untyped-def]  # pragma: no cover - compiled
-    """One query q (H * Dh,) over the first n keys and values k, v (H, T, Dh) into out (H * Dh,); the attention
-    weights averaged over heads are added into `weights` (T,) unless it is empty."""
-    H, _, Dh = k.shape
-    scale = np.float32(1.0 / math.sqrt(Dh))
-    p = np.empty(n, np.float32)
-    o = np.empty(Dh, np.float32)
-    for h in range(H):
-        top = -np.inf
-        for t in range(n):
-            s = np.float32(0.0)
-            for d in range(Dh):
-                s += q[h * Dh + d] * k[h, t, d]
-            p[t] = s * scale
-            top = max(top, p[t])
-        total = np.float32(0.0)
-        for t in range(n):
-            p[t] = np.exp(p[t] - top)
-            total += p[t]
-        # the values weighted key by key: the inner loop runs along a value's contiguous Dh (2.4 times faster
-        # at 32 rows than summing each output over the keys, a strided walk)
-        o[:] = 0.0
-        for t in range(n):
-            pt = p[t]
-            for d in range(Dh):
-                o[d] += pt * v[h, t, d]
-        for d in range(Dh):
-            out[h * Dh + d] = o[d] / total
-        if weights.shape[0] > 0:
-            for t in range(n):
-                weights[t] += p[t] / total / H
-
-
-@njit(fastmath=FAST, nogil=True, cache=True)
-def attend_rows(q, k, v, lengths, out, weights):  # type: ignore[no-untyped-def]  # pragma: no cover - compiled
-    """Row r's query q[r, :H * Dh] over its own first lengths[r] keys and values k[r], v[r] (H, T, Dh) into out[r];
-    unless `weights` is empty, the weights averaged over heads into weights[r] (T,).
-
-    The operator-by-operator step's attention on the CPU as well: over each row's real length, no mask, no padding
-    (at 32 rows, two matrix products over the padded cache and a masked softmax took a fifth of the step)."""
-    none = np.empty(0, np.float32)
-    for r in range(q.shape[0]):
-        _attend(q[r], k[r], v[r], lengths[r], out[r], weights[r] if weights.shape[0] > 0 else none)
 
 
 @njit(fastmath=FAST, nogil=True, cache=True)
@@ -375,24 +91,6 @@ def _step(tokens, pos, src_mask, self_kv, cross_kv, table, positions, emb_scale,
     _last(x, h, final_w, final_b, eps, pre, w_out, s_out, b_out, q_out, logits, threads)
     for r in range(B):
         pos[r] += 1
-
-
-@njit(fastmath=FAST, nogil=True, cache=True)
-def attend_all(q, k, v, lengths, out, weights, threads):  # type: ignore[no-untyped-def]  # pragma: no cover
-    """`attend_rows`, the rows shared out over `threads` threads from `SPLIT_ROWS` rows on (each row's arithmetic
-    is the same either way). The fused step's attention, and the operator step's."""
-    if threads > 1 and q.shape[0] >= SPLIT_ROWS:
-        _attend_split(q, k, v, lengths, out, weights, threads)
-    else:
-        attend_rows(q, k, v, lengths, out, weights)
-
-
-@njit(fastmath=FAST, nogil=True, cache=True, parallel=True)
-def _attend_split(q, k, v, lengths, out, weights, parts):  # type: ignore[no-untyped-def]  # pragma: no cover
-    none = np.empty(0, np.float32)
-    for t in prange(parts):
-        for r in range(t, q.shape[0], parts):
-            _attend(q[r], k[r], v[r], lengths[r], out[r], weights[r] if weights.shape[0] > 0 else none)
 
 
 def _weights(linears: Sequence[torch.nn.Module]) -> tuple[np.ndarray, np.ndarray, np.ndarray] | None:

@@ -12,12 +12,13 @@ from torch import nn
 
 pytest.importorskip("numba", reason="the fused step needs numba (the GPU script's bare machine lacks it)")
 
-from model import calibrate, fused_step  # noqa: E402
+from model import calibrate, fused_step, kernels  # noqa: E402
 from model.checkpoint import LoadedModel, quantize_int8  # noqa: E402
 from model.decode import DecodeBatch  # noqa: E402
 from model.frozen import FrozenTransformer, Projection, freeze, set_thread_limits  # noqa: E402
-from model.fused_step import FusedStep, _product, _weights, attend_all  # noqa: E402
+from model.fused_step import FusedStep, _weights  # noqa: E402
 from model.generation import GenerationConfig  # noqa: E402
+from model.kernels import _product, attend_all  # noqa: E402
 from model.search import generate  # noqa: E402
 from tests.test_int8_ranges import quantized  # noqa: E402
 from tests.tiny import tiny_config, tiny_model  # noqa: E402
@@ -122,7 +123,7 @@ def test_a_product_cut_over_threads_gives_the_same_numbers(rows: int, outputs: i
     x = rng.standard_normal((rows, 256)).astype(np.float32)
     res = rng.standard_normal((rows, outputs)).astype(np.float32)
     quant = np.array([20.0, 0.05, 3.0, 1.0] if int8 else [0, 0, 0, 0], np.float32)
-    assert rows * outputs * 256 >= fused_step.SPLIT_MACS
+    assert rows * outputs * 256 >= kernels.SPLIT_MACS
     got = []
     for parts in (1, 2, 3):
         y = np.full((rows, outputs), np.nan, np.float32)
@@ -141,7 +142,7 @@ def test_attention_shared_out_over_threads_gives_the_same_numbers() -> None:
     q = rng.standard_normal((B, 3 * H * Dh)).astype(np.float32)[:, : H * Dh]  # a strided view, as in the step
     k, v = (rng.standard_normal((B + 2, H, T, Dh)).astype(np.float32) for _ in range(2))
     lengths = np.array([1, 9, 4, 7, 2, 5], np.int64)
-    assert B >= fused_step.SPLIT_ROWS
+    assert B >= kernels.SPLIT_ROWS
     got = []
     for parts in (1, 2, 4):
         out, weights = np.full((B, H * Dh), np.nan, np.float32), np.zeros((B, T), np.float32)
@@ -152,19 +153,19 @@ def test_attention_shared_out_over_threads_gives_the_same_numbers() -> None:
         assert np.array_equal(out, got[0][0]) and np.array_equal(weights, got[0][1])
 
 
-@pytest.mark.skipif(fused_step.THREADING_LAYER is None, reason="no thread-safe numba threading layer here")
+@pytest.mark.skipif(kernels.THREADING_LAYER is None, reason="no thread-safe numba threading layer here")
 @pytest.mark.parametrize("dtype", ["float32", "int8"])
 def test_the_fused_step_and_encoder_give_the_same_tokens_with_two_threads(dtype: str) -> None:
     """The engine's thread count reaches the fused step and encoder (products wide enough to be cut) and changes
     no number: logits and cache bit for bit, and the encoder's K/V, with one thread and with two."""
     fused, _ = nets(dtype, d_model=64, d_ff=1024, vocab_size=2100)
-    assert min(2100 * 64, 2 * 1024 * 64) >= fused_step.SPLIT_MACS  # the output product at any row count, fc1 at 2+
+    assert min(2100 * 64, 2 * 1024 * 64) >= kernels.SPLIT_MACS  # the output product at any row count, fc1 at 2+
     before = torch.get_num_threads()
     results = []
     try:
         for count in (1, 2):
             torch.set_num_threads(count)
-            assert fused_step.threads() == count
+            assert kernels.threads() == count
             src = torch.tensor([s + [0] * (10 - len(s)) for s in SOURCES])
             with torch.inference_mode():
                 results.append((steps(fused, 6), fused.encode_cross(src)[0].clone()))
@@ -278,7 +279,7 @@ def test_steps_never_read_the_cache_beyond_each_rows_length(dtype: str) -> None:
             assert runs[0] == runs[1]
 
 
-@pytest.mark.skipif(fused_step.THREADING_LAYER is None, reason="no thread-safe numba threading layer here")
+@pytest.mark.skipif(kernels.THREADING_LAYER is None, reason="no thread-safe numba threading layer here")
 def test_a_threads_limit_holds_for_the_thread_that_sets_it() -> None:
     """The server's batcher and encoder threads limit the fused step's threads (TOLK_FUSED_THREADS) without
     touching torch's count or other threads."""
@@ -288,10 +289,10 @@ def test_a_threads_limit_holds_for_the_thread_that_sets_it() -> None:
     seen: list[int] = []
     try:
         torch.set_num_threads(2)
-        assert fused_step.threads() == 2
-        worker = threading.Thread(target=lambda: (set_thread_limits(2, 1), seen.append(fused_step.threads())))
+        assert kernels.threads() == 2
+        worker = threading.Thread(target=lambda: (set_thread_limits(2, 1), seen.append(kernels.threads())))
         worker.start()
         worker.join()
-        assert seen == [1] and fused_step.threads() == 2 and torch.get_num_threads() == 2
+        assert seen == [1] and kernels.threads() == 2 and torch.get_num_threads() == 2
     finally:
         torch.set_num_threads(before)
