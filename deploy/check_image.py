@@ -152,7 +152,7 @@ def check(c: Container, ready_limit: float) -> None:
     expect(status == 200 and found == names, f"/metrics exports {sorted(names)}")
     uid = c.run("exec", c.name, "id", "-u").stdout.strip()
     expect(uid == "10001", f"the server runs as uid {uid}")
-    layer = c.run("exec", c.name, "python", "-c", "from model import fused_step; print(fused_step.THREADING_LAYER)",
+    layer = c.run("exec", c.name, "python", "-c", "from model import kernels; print(kernels.THREADING_LAYER)",
                   check=False).stdout.strip()
     expect(layer == "omp", f"the fused step can use more than one thread (numba's threading layer: {layer})")
     health = c.run("healthcheck", "run", c.name, check=False)
