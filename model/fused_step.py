@@ -77,7 +77,9 @@ def _step(tokens, pos, src_mask, self_kv, cross_kv, table, positions, emb_scale,
                 for d in range(Dh):
                     self_kv[i, 0, r, hh, t, d] = qkv[r, D + hh * Dh + d]
                     self_kv[i, 1, r, hh, t, d] = qkv[r, 2 * D + hh * Dh + d]
-        attend_all(qkv[:, :D], self_kv[i, 0], self_kv[i, 1], pos + 1, a, none, threads)
+        # the queries copied out of qkv: a contiguous array, as in every other call, so that the threaded
+        # attention is compiled for one signature only (each costs seconds of compiling)
+        attend_all(np.ascontiguousarray(qkv[:, :D]), self_kv[i, 0], self_kv[i, 1], pos + 1, a, none, threads)
         _product(a, w_o[i], s_o[i], b_o[i], q_o[i], 0, x, h, threads)
         _next(x, h, norm_w[i], norm_b[i], 0, eps, pre)
         # cross-attention over each row's own source length
