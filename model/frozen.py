@@ -33,10 +33,10 @@ from model.cache import KVCache
 try:  # numba: the CPU's fused step; without it (the GPU script's bare machine) steps run operator by operator
     from model.fused_encoder import FusedEncoder
     from model.fused_step import FusedStep
-    from model.kernels import attend_all, limit_threads, threads
+    from model.kernels import attend_rows
 except (ImportError, RuntimeError) as exc:  # pragma: no cover - RuntimeError: numba finds no writable cache
     logging.getLogger(__name__).warning("the fused CPU decode step is off (%s); set NUMBA_CACHE_DIR", exc)
-    FusedStep = attend_all = limit_threads = threads = FusedEncoder = None  # type: ignore[assignment,misc]
+    FusedStep = attend_rows = FusedEncoder = None  # type: ignore[assignment,misc]
 from model.layers import ACTIVATION_FUNCTIONS, Attention, DecoderLayer, EncoderLayer
 
 if TYPE_CHECKING:
@@ -302,7 +302,7 @@ class FrozenDecoderLayer:
         With `pos` (B,), the rows' positions on the device, attention runs over the whole cache buffers (shapes
         fixed, no host-side bounds): the form a CUDA graph can capture. With `align`, the cross-attention
         weights averaged over heads (B, S) are appended to it. With `lengths` (the rows' target and source
-        lengths, on the CPU), attention runs row by row over those lengths (model.fused_step.attend_all).
+        lengths, on the CPU), attention runs row by row over those lengths (model.kernels.attend_rows).
         """
         B, D = x.shape
         qkv = self.qkv(self.norms.inp(x, 0)).view(B, 3, self.H, -1)  # (B, 3, H, Dh)
@@ -329,19 +329,10 @@ class FrozenDecoderLayer:
         B, H, T, Dh = kv.shape[1:]
         out = torch.empty(B, H * Dh)
         weights = torch.zeros(B, T) if align is not None else torch.empty(0, 0)
-        attend_all(np.ascontiguousarray(q.numpy()), kv[0], kv[1], lengths, out.numpy(), weights.numpy(), threads())
+        attend_rows(np.ascontiguousarray(q.numpy()), kv[0], kv[1], lengths, out.numpy(), weights.numpy())
         if align is not None:
             align.append(weights[:, : int(lengths.max())])
         return out
-
-
-def set_thread_limits(torch_threads: int | None, fused_threads: int | None) -> None:
-    """For the calling thread: torch's thread count (process-wide) and at most how many threads the fused step,
-    the fused encoder and row-wise attention started from this thread use (model.fused_step.limit_threads)."""
-    if torch_threads:
-        torch.set_num_threads(torch_threads)
-    if limit_threads is not None:
-        limit_threads(fused_threads)
 
 
 class FrozenTransformer:
@@ -462,7 +453,7 @@ class FrozenTransformer:
     def by_length(self) -> bool:
         """Whether `decode_step` attends over each row's own length (CPU, float32 activations, numba) rather than
         over the padded cache with masks."""
-        return attend_all is not None and self.device.type == "cpu" and self.tgt_table.dtype == torch.float32
+        return attend_rows is not None and self.device.type == "cpu" and self.tgt_table.dtype == torch.float32
 
     def new_cache(self, rows: int, max_src: int, max_tgt: int, fixed: bool = False) -> KVCache:
         """fixed=True: for `decode_step_fixed`, which reads the whole buffers (masked)."""

@@ -26,7 +26,7 @@ from torch import Tensor
 from torch.ao.nn.quantized.dynamic import Linear as QuantizedLinear
 
 from model.fused_step import MAX_WEIGHT_BYTES, _weights, input_ranges
-from model.kernels import ACTIVATIONS, FAST, _attend, _feed_forward, _last, _next, _product, _qkv, threads
+from model.kernels import ACTIVATIONS, FAST, _attend, _feed_forward, _last, _next, _product, _qkv
 
 if TYPE_CHECKING:
     from model.frozen import FrozenTransformer, Projection
@@ -41,7 +41,7 @@ PRODUCTS = ("qkv", "o", "fc1", "fc2")
 @njit(fastmath=FAST, nogil=True, cache=True)
 def _encode(x, starts, ns, H, norm_w, norm_b, eps, pre, final_w, final_b, act,  # type: ignore[no-untyped-def]
             w_qkv, s_qkv, b_qkv, q_qkv, w_o, s_o, b_o, q_o, w_1, s_1, b_1, q_1, w_2, s_2, b_2, q_2,
-            w_kv, s_kv, b_kv, q_kv, kv, threads):  # pragma: no cover - compiled
+            w_kv, s_kv, b_kv, q_kv, kv):  # pragma: no cover - compiled
     """x (N, D): the embedded tokens of sentences b = 0.. at rows starts[b]..starts[b] + ns[b] - 1. Every encoder
     layer, the final norm (pre-norm) and the cross-attention K/V product into kv (N, L * 2 * D). x is overwritten."""
     N, D = x.shape
@@ -53,7 +53,7 @@ def _encode(x, starts, ns, H, norm_w, norm_b, eps, pre, final_w, final_b, act,  
     none = np.empty((0, 0), np.float32)
     no_weights = np.empty(0, np.float32)
     for i in range(w_qkv.shape[0]):
-        _qkv(x, h, norm_w[i, 0], norm_b[i, 0], eps, pre, w_qkv[i], s_qkv[i], b_qkv[i], q_qkv[i], none, qkv, threads)
+        _qkv(x, h, norm_w[i, 0], norm_b[i, 0], eps, pre, w_qkv[i], s_qkv[i], b_qkv[i], q_qkv[i], none, qkv)
         for b in range(starts.shape[0]):
             s0, n = starts[b], ns[b]
             k = np.empty((H, n, Dh), np.float32)
@@ -65,11 +65,11 @@ def _encode(x, starts, ns, H, norm_w, norm_b, eps, pre, final_w, final_b, act,  
                         v[hh, t, d] = qkv[s0 + t, 2 * D + hh * Dh + d]
             for t in range(n):
                 _attend(qkv[s0 + t, :D], k, v, n, a[s0 + t], no_weights)
-        _product(a, w_o[i], s_o[i], b_o[i], q_o[i], 0, x, h, threads)
+        _product(a, w_o[i], s_o[i], b_o[i], q_o[i], 0, x, h)
         _next(x, h, norm_w[i], norm_b[i], 0, eps, pre)
         _feed_forward(x, h, f, w_1[i], s_1[i], b_1[i], q_1[i], w_2[i], s_2[i], b_2[i], q_2[i], act, norm_w[i, 1],
-                      norm_b[i, 1], eps, pre, threads)
-    _last(x, h, final_w, final_b, eps, pre, w_kv, s_kv, b_kv, q_kv, kv, threads)
+                      norm_b[i, 1], eps, pre)
+    _last(x, h, final_w, final_b, eps, pre, w_kv, s_kv, b_kv, q_kv, kv)
 
 
 class FusedEncoder:
@@ -139,7 +139,7 @@ class FusedEncoder:
         off = {name: np.zeros((L, 4), np.float32) for name in PRODUCTS} | {"kv": np.zeros(4, np.float32)}
         D = self.net.cfg.d_model
         _encode(np.zeros((1, D), np.float32), np.zeros(1, np.int64), np.ones(1, np.int64),  # type: ignore[call-arg]
-                *self._args(off), np.empty((1, self.arrays["w_kv"].shape[0]), np.float32), 1)
+                *self._args(off), np.empty((1, self.arrays["w_kv"].shape[0]), np.float32))
 
     def changed(self) -> None:
         """Input ranges or calibration state changed: read them again before the next encoding."""
@@ -160,6 +160,5 @@ class FusedEncoder:
         ns = np.array(lengths, np.int64)
         starts = np.concatenate([[0], np.cumsum(ns)[:-1]]).astype(np.int64)
         kv = torch.empty(x.shape[0], self.arrays["w_kv"].shape[0])
-        _encode(np.ascontiguousarray(x.numpy()), starts, ns, *self.args, kv.numpy(),  # type: ignore[call-arg]
-                threads())
+        _encode(np.ascontiguousarray(x.numpy()), starts, ns, *self.args, kv.numpy())  # type: ignore[call-arg]
         return kv

@@ -4,7 +4,7 @@ A one-row step of a small model is mostly fixed costs: about 330 PyTorch operato
 takes 25-40 us a call however small it is (docs/benchmarks.md). Here the whole decoder step (embedding, every
 layer's norms, products, attention over each row's own length, the output projection) is one numba function over
 the cache buffers, so a step costs its arithmetic and the reading of its weights. Its pieces, and how products are
-computed and cut over threads, are in model/kernels.py.
+computed, are in model/kernels.py.
 
 Rows are computed one by one with the same order of operations whatever the batch, so a row's numbers are its own.
 Used for up to `FusedStep.max_rows` rows, where it is faster than the operator-by-operator step; alignment,
@@ -22,18 +22,7 @@ from numba import njit
 from torch import Tensor
 from torch.ao.nn.quantized.dynamic import Linear as QuantizedLinear
 
-from model.kernels import (
-    ACTIVATIONS,
-    EXACT_SUM_TERMS,
-    FAST,
-    _feed_forward,
-    _last,
-    _next,
-    _product,
-    _qkv,
-    attend_all,
-    threads,
-)
+from model.kernels import ACTIVATIONS, EXACT_SUM_TERMS, FAST, _attend, _feed_forward, _last, _next, _product, _qkv
 
 if TYPE_CHECKING:
     from model.cache import KVCache
@@ -47,7 +36,7 @@ def _step(tokens, pos, src_mask, self_kv, cross_kv, table, positions, emb_scale,
           norm_w, norm_b, eps, pre, final_w, final_b, act,
           w_qkv, s_qkv, b_qkv, q_qkv, w_o, s_o, b_o, q_o, w_cq, s_cq, b_cq, q_cq,
           w_co, s_co, b_co, q_co, w_1, s_1, b_1, q_1, w_2, s_2, b_2, q_2,
-          w_out, s_out, b_out, q_out, logits, align, threads):  # pragma: no cover - compiled
+          w_out, s_out, b_out, q_out, logits, align):  # pragma: no cover - compiled
     """Rows 0..B-1 of the cache advance by one token each; logits (B, V) are written, `pos` moves on. Unless
     `align` is empty, the last layer's cross-attention weights averaged over heads are added into it (B, S)."""
     B = tokens.shape[0]
@@ -62,6 +51,7 @@ def _step(tokens, pos, src_mask, self_kv, cross_kv, table, positions, emb_scale,
     a = np.empty((B, D), np.float32)
     f = np.empty((B, w_1.shape[1]), np.float32)
     none = np.empty((0, 0), np.float32)
+    no_weights = np.empty(0, np.float32)
     lengths = np.empty(B, np.int64)
     for r in range(B):
         n = 0
@@ -70,27 +60,27 @@ def _step(tokens, pos, src_mask, self_kv, cross_kv, table, positions, emb_scale,
         lengths[r] = n
     for i in range(L):
         # self-attention: the new token's K/V go into the cache at each row's position
-        _qkv(x, h, norm_w[i, 0], norm_b[i, 0], eps, pre, w_qkv[i], s_qkv[i], b_qkv[i], q_qkv[i], none, qkv, threads)
+        _qkv(x, h, norm_w[i, 0], norm_b[i, 0], eps, pre, w_qkv[i], s_qkv[i], b_qkv[i], q_qkv[i], none, qkv)
         for r in range(B):
             t = pos[r]
             for hh in range(H):
                 for d in range(Dh):
                     self_kv[i, 0, r, hh, t, d] = qkv[r, D + hh * Dh + d]
                     self_kv[i, 1, r, hh, t, d] = qkv[r, 2 * D + hh * Dh + d]
-        # the queries copied out of qkv: a contiguous array, as in every other call, so that the threaded
-        # attention is compiled for one signature only (each costs seconds of compiling)
-        attend_all(np.ascontiguousarray(qkv[:, :D]), self_kv[i, 0], self_kv[i, 1], pos + 1, a, none, threads)
-        _product(a, w_o[i], s_o[i], b_o[i], q_o[i], 0, x, h, threads)
+            _attend(qkv[r, :D], self_kv[i, 0, r], self_kv[i, 1, r], t + 1, a[r], no_weights)
+        _product(a, w_o[i], s_o[i], b_o[i], q_o[i], 0, x, h)
         _next(x, h, norm_w[i], norm_b[i], 0, eps, pre)
         # cross-attention over each row's own source length
         q = np.empty((B, D), np.float32)
-        _product(h, w_cq[i], s_cq[i], b_cq[i], q_cq[i], 0, none, q, threads)
-        attend_all(q, cross_kv[i, 0], cross_kv[i, 1], lengths, a, align if i == L - 1 else none, threads)
-        _product(a, w_co[i], s_co[i], b_co[i], q_co[i], 0, x, h, threads)
+        _product(h, w_cq[i], s_cq[i], b_cq[i], q_cq[i], 0, none, q)
+        for r in range(B):
+            weights = align[r] if i == L - 1 and align.shape[0] > 0 else no_weights
+            _attend(q[r], cross_kv[i, 0, r], cross_kv[i, 1, r], lengths[r], a[r], weights)
+        _product(a, w_co[i], s_co[i], b_co[i], q_co[i], 0, x, h)
         _next(x, h, norm_w[i], norm_b[i], 1, eps, pre)
         _feed_forward(x, h, f, w_1[i], s_1[i], b_1[i], q_1[i], w_2[i], s_2[i], b_2[i], q_2[i], act, norm_w[i, 2],
-                      norm_b[i, 2], eps, pre, threads)
-    _last(x, h, final_w, final_b, eps, pre, w_out, s_out, b_out, q_out, logits, threads)
+                      norm_b[i, 2], eps, pre)
+    _last(x, h, final_w, final_b, eps, pre, w_out, s_out, b_out, q_out, logits)
     for r in range(B):
         pos[r] += 1
 
@@ -219,7 +209,7 @@ class FusedStep:
         _step(np.zeros(1, np.int64), np.zeros(1, np.int64), np.ones((1, 1), np.bool_),  # type: ignore[call-arg]
               np.zeros((L, 2, 1, H, 2, Dh), np.float32), np.zeros((L, 2, 1, H, 1, Dh), np.float32),
               *self._args(off, np.float32(1.0)), np.empty((1, a["w_out"].shape[0]), np.float32),
-              np.zeros((1, 1), np.float32), 1)
+              np.zeros((1, 1), np.float32))
 
     def changed(self) -> None:
         """The products' input ranges or calibration state changed: read them again before the next step."""
@@ -260,7 +250,7 @@ class FusedStep:
         pos, src_mask, self_kv, cross_kv = cache.host_views()
         # tokens: a column of the row state (strided); one contiguous layout keeps to one compiled signature
         _step(np.ascontiguousarray(tokens.numpy()), pos, src_mask, self_kv, cross_kv,  # type: ignore[call-arg]
-              *self.args, logits.numpy(), weights.numpy(), threads())
+              *self.args, logits.numpy(), weights.numpy())
         cache.advance(B, on_device=False)
         if align is not None:
             align.append(weights[:, : cache.s_hi])

@@ -7,71 +7,21 @@ Products are the same as the frozen network's:
   is quantized to 7 bits and each output is an exact integer sum, computed in float32 (products of at most 127 x 128
   summed over at most 1,024 terms stay below 2^24, where float32 holds every integer), then scaled as fbgemm does.
 
-A wide product is cut over the engine's threads in runs of whole four-output blocks, and attention shares its rows
-out, through numba's OpenMP or TBB layer; every output is computed by the same loop either way, so no number
-depends on the thread count.
+Everything runs on the calling thread. (Products cut over threads with numba's parallel=True were tried and
+removed: cached functions that call parallel ones can crash when loaded from numba's cache; docs/benchmarks.md.)
 """
 
 from __future__ import annotations
 
-import importlib
 import math
-import threading
-from typing import Any
 
-import numba
 import numpy as np
-import torch
-from numba import njit, prange
+from numba import njit
 
 # Reassociation lets sums vectorise; no "nnan"/"ninf": masked attention scores are -inf.
 FAST = {"nsz", "arcp", "contract", "reassoc"}
 ACTIVATIONS = {None: 0, "relu": 1, "gelu": 2, "swish": 3}
 EXACT_SUM_TERMS = 1024  # int8 sums of at most this many terms are exact in float32 (127 * 128 * 1024 < 2^24)
-# A product of at least this many multiply-adds is cut over the threads (`_split`). Below it, starting the second
-# thread costs more than it saves: a 256 x 256 product at one row took 4.5 us cut in two against 3.7 us whole, a
-# 1,024 x 256 one 13.8 against 21.5 us (numba's OpenMP layer, the 2-core AVX2 EPYC).
-SPLIT_MACS = 1 << 17
-SPLIT_ROWS = 4  # and attention from this many rows on (one row's attention is a few microseconds)
-
-
-def _threadsafe_layer() -> str | None:
-    """numba's OpenMP or TBB threading layer, whichever loads here: both may be entered from several threads at
-    once (the server's batcher and encoder threads). None (neither loads; numba's own work queue is not safe
-    so): every product stays on its calling thread."""
-    for name in ("omp", "tbb"):
-        try:
-            importlib.import_module(f"numba.np.ufunc.{name}pool")
-        except (ImportError, OSError):
-            continue
-        return name
-    return None
-
-
-NUMBA_CONFIG: Any = numba.config
-THREADING_LAYER = _threadsafe_layer()
-if THREADING_LAYER is not None:
-    NUMBA_CONFIG.THREADING_LAYER = THREADING_LAYER
-
-
-_LIMIT = threading.local()
-
-
-def limit_threads(count: int | None) -> None:
-    """At most `count` threads for the fused products and row-wise attention started from the calling thread
-    (None: no limit). The server's batcher and encoder threads set it (its `fused_threads` setting)."""
-    _LIMIT.count = count
-
-
-def threads() -> int:
-    """How many threads the fused products may use: torch's thread count (the engine's setting), as the operator
-    step's products do, within numba's pool and the calling thread's `limit_threads`; 1 without a thread-safe
-    layer."""
-    if THREADING_LAYER is None:
-        return 1
-    count = min(torch.get_num_threads(), int(NUMBA_CONFIG.NUMBA_NUM_THREADS))
-    limit = getattr(_LIMIT, "count", None)
-    return max(1, min(count, limit) if limit is not None else count)
 
 
 @njit(fastmath=FAST, nogil=True, cache=True)
@@ -86,7 +36,7 @@ def _act(v: float, kind: int) -> float:  # pragma: no cover - compiled
 
 
 @njit(fastmath=FAST, nogil=True, cache=True)
-def _product(x, w, scale, bias, quant, act, res, y, threads):  # type: ignore[no-untyped-def]  # pragma: no cover
+def _product(x, w, scale, bias, quant, act, res, y):  # type: ignore[no-untyped-def]  # pragma: no cover - compiled
     """y (B, N) = act(x (B, K) @ w (N, K).T * scale + bias) [+ res].
 
     quant = (1 / input scale, input scale, zero point, on): when on, x is quantized to 0..255 around the zero point
@@ -105,12 +55,10 @@ def _product(x, w, scale, bias, quant, act, res, y, threads):  # type: ignore[no
         out_scale = quant[1]
     else:
         xs[:] = x
-    if threads > 1 and B * N * K >= SPLIT_MACS:
-        _split(xs, w, scale, bias, out_scale, act, y, threads)
-    elif B == 1:
-        _rows1(xs, w, scale, bias, out_scale, act, y, 0, N)
+    if B == 1:
+        _rows1(xs, w, scale, bias, out_scale, act, y)
     else:
-        _rows2(xs, w, scale, bias, out_scale, act, y, 0, N)
+        _rows2(xs, w, scale, bias, out_scale, act, y)
     if res.shape[0] == B:
         for r in range(B):
             for j in range(N):
@@ -118,12 +66,12 @@ def _product(x, w, scale, bias, quant, act, res, y, threads):  # type: ignore[no
 
 
 @njit(fastmath=FAST, nogil=True, cache=True)
-def _rows1(xs, w, scale, bias, out_scale, act, y, lo, hi):  # type: ignore[no-untyped-def]  # pragma: no cover
-    """One row, outputs lo..hi - 1 (lo a multiple of 4): four outputs at a time, the weights converted as they are
-    read."""
+def _rows1(xs, w, scale, bias, out_scale, act, y):  # type: ignore[no-untyped-def]  # pragma: no cover - compiled
+    """One row: four outputs at a time, the weights converted as they are read."""
     K = xs.shape[1]
-    N4 = hi - (hi - lo) % 4
-    for j in range(lo, N4, 4):
+    N = w.shape[0]
+    N4 = N - N % 4
+    for j in range(0, N4, 4):
         a0 = np.float32(0.0)
         a1 = np.float32(0.0)
         a2 = np.float32(0.0)
@@ -138,7 +86,7 @@ def _rows1(xs, w, scale, bias, out_scale, act, y, lo, hi):  # type: ignore[no-un
         y[0, j + 1] = _act(a1 * (out_scale * scale[j + 1]) + bias[j + 1], act)
         y[0, j + 2] = _act(a2 * (out_scale * scale[j + 2]) + bias[j + 2], act)
         y[0, j + 3] = _act(a3 * (out_scale * scale[j + 3]) + bias[j + 3], act)
-    for j in range(N4, hi):
+    for j in range(N4, N):
         a = np.float32(0.0)
         for k in range(K):
             a += xs[0, k] * np.float32(w[j, k])
@@ -146,14 +94,14 @@ def _rows1(xs, w, scale, bias, out_scale, act, y, lo, hi):  # type: ignore[no-un
 
 
 @njit(fastmath=FAST, nogil=True, cache=True)
-def _rows2(xs, w, scale, bias, out_scale, act, y, lo, hi):  # type: ignore[no-untyped-def]  # pragma: no cover
-    """Several rows, outputs lo..hi - 1 (lo a multiple of 4): four outputs' weights converted once into a block,
-    then two rows at a time over it."""
+def _rows2(xs, w, scale, bias, out_scale, act, y):  # type: ignore[no-untyped-def]  # pragma: no cover - compiled
+    """Several rows: four outputs' weights converted once into a block, then two rows at a time over it."""
     B, K = xs.shape
+    N = w.shape[0]
     wb = np.zeros((4, K), np.float32)
     acc = np.empty((2, 4), np.float32)
-    for j in range(lo, hi, 4):
-        n = min(4, hi - j)
+    for j in range(0, N, 4):
+        n = min(4, N - j)
         for c in range(n):
             for k in range(K):
                 wb[c, k] = w[j + c, k]
@@ -186,23 +134,6 @@ def _rows2(xs, w, scale, bias, out_scale, act, y, lo, hi):  # type: ignore[no-un
                     y[r + i, j + c] = _act(acc[i, c] * (out_scale * scale[j + c]) + bias[j + c], act)
 
 
-@njit(fastmath=FAST, nogil=True, cache=True, parallel=True)
-def _split(xs, w, scale, bias, out_scale, act, y, parts):  # type: ignore[no-untyped-def]  # pragma: no cover
-    """`_rows1`/`_rows2` with the outputs cut into `parts` runs of whole blocks of four, one per thread. Each output
-    is computed by the same loop as without the cut, so the numbers do not depend on the thread count."""
-    B = xs.shape[0]
-    N = w.shape[0]
-    run = ((N + parts - 1) // parts + 3) // 4 * 4
-    for t in prange(parts):
-        lo = min(t * run, N)
-        hi = min(lo + run, N)
-        if lo < hi:
-            if B == 1:
-                _rows1(xs, w, scale, bias, out_scale, act, y, lo, hi)
-            else:
-                _rows2(xs, w, scale, bias, out_scale, act, y, lo, hi)
-
-
 @njit(fastmath=FAST, nogil=True, cache=True)
 def _norm(x, w, b, eps, out):  # type: ignore[no-untyped-def]  # pragma: no cover - compiled
     """LayerNorm of each row of x (B, D) into out."""
@@ -222,14 +153,14 @@ def _norm(x, w, b, eps, out):  # type: ignore[no-untyped-def]  # pragma: no cove
 
 
 @njit(fastmath=FAST, nogil=True, cache=True)
-def _qkv(x, h, norm_w, norm_b, eps, pre, w, s, b, q, none, qkv, threads):  # type: ignore[no-untyped-def]  # pragma: no cover
+def _qkv(x, h, norm_w, norm_b, eps, pre, w, s, b, q, none, qkv):  # type: ignore[no-untyped-def]  # pragma: no cover
     """A layer's self-attention Q, K and V of x into qkv, through the sublayer's norm first when pre-norm (into h).
     Shared by the step and the encoder (model/fused_encoder.py)."""
     if pre:
         _norm(x, norm_w, norm_b, eps, h)
-        _product(h, w, s, b, q, 0, none, qkv, threads)
+        _product(h, w, s, b, q, 0, none, qkv)
     else:
-        _product(x, w, s, b, q, 0, none, qkv, threads)
+        _product(x, w, s, b, q, 0, none, qkv)
 
 
 @njit(fastmath=FAST, nogil=True, cache=True)
@@ -246,11 +177,11 @@ def _next(x, h, norm_w, norm_b, j, eps, pre):  # type: ignore[no-untyped-def]  #
 
 @njit(fastmath=FAST, nogil=True, cache=True)
 def _feed_forward(x, h, f, w_1, s_1, b_1, q_1, w_2, s_2, b_2, q_2, act, norm_w, norm_b, eps,  # type: ignore[no-untyped-def]
-                  pre, threads):  # pragma: no cover - compiled
+                  pre):  # pragma: no cover - compiled
     """The feed-forward sublayer of the rows: h holds its input, x the stream, f (B, F) is scratch. x becomes the
     stream after it (post-norm: the residual sum normalised by norm_w, norm_b)."""
-    _product(h, w_1, s_1, b_1, q_1, act, np.empty((0, 0), np.float32), f, threads)
-    _product(f, w_2, s_2, b_2, q_2, 0, x, h, threads)
+    _product(h, w_1, s_1, b_1, q_1, act, np.empty((0, 0), np.float32), f)
+    _product(f, w_2, s_2, b_2, q_2, 0, x, h)
     if pre:
         x[:] = h
     else:
@@ -258,13 +189,13 @@ def _feed_forward(x, h, f, w_1, s_1, b_1, q_1, w_2, s_2, b_2, q_2, act, norm_w, 
 
 
 @njit(fastmath=FAST, nogil=True, cache=True)
-def _last(x, h, final_w, final_b, eps, pre, w, s, b, q, out, threads):  # type: ignore[no-untyped-def]  # pragma: no cover
+def _last(x, h, final_w, final_b, eps, pre, w, s, b, q, out):  # type: ignore[no-untyped-def]  # pragma: no cover
     """The stack's output product of the stream x: after the final norm (pre-norm, into h), or of x itself."""
     if pre:
         _norm(x, final_w, final_b, eps, h)
-        _product(h, w, s, b, q, 0, np.empty((0, 0), np.float32), out, threads)
+        _product(h, w, s, b, q, 0, np.empty((0, 0), np.float32), out)
     else:
-        _product(x, w, s, b, q, 0, np.empty((0, 0), np.float32), out, threads)
+        _product(x, w, s, b, q, 0, np.empty((0, 0), np.float32), out)
 
 
 @njit(fastmath=FAST, nogil=True, cache=True)
@@ -311,21 +242,3 @@ def attend_rows(q, k, v, lengths, out, weights):  # type: ignore[no-untyped-def]
     none = np.empty(0, np.float32)
     for r in range(q.shape[0]):
         _attend(q[r], k[r], v[r], lengths[r], out[r], weights[r] if weights.shape[0] > 0 else none)
-
-
-@njit(fastmath=FAST, nogil=True, cache=True)
-def attend_all(q, k, v, lengths, out, weights, threads):  # type: ignore[no-untyped-def]  # pragma: no cover
-    """`attend_rows`, the rows shared out over `threads` threads from `SPLIT_ROWS` rows on (each row's arithmetic
-    is the same either way). The fused step's attention, and the operator step's."""
-    if threads > 1 and q.shape[0] >= SPLIT_ROWS:
-        _attend_split(q, k, v, lengths, out, weights, threads)
-    else:
-        attend_rows(q, k, v, lengths, out, weights)
-
-
-@njit(fastmath=FAST, nogil=True, cache=True, parallel=True)
-def _attend_split(q, k, v, lengths, out, weights, parts):  # type: ignore[no-untyped-def]  # pragma: no cover
-    none = np.empty(0, np.float32)
-    for t in prange(parts):
-        for r in range(t, q.shape[0], parts):
-            _attend(q[r], k[r], v[r], lengths[r], out[r], weights[r] if weights.shape[0] > 0 else none)

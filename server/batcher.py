@@ -38,7 +38,7 @@ import torch
 
 from model.decode import DecodeBatch, Encoded
 from model.events import Event, TokenEvent
-from model.frozen import FrozenTransformer, set_thread_limits
+from model.frozen import FrozenTransformer
 from model.search import admissible, step
 from server.errors import EngineFailure, ShuttingDown, TimedOut, TolkError
 from server.messages import Cancel, Command, Exited, Output, Stop, Submit
@@ -153,11 +153,12 @@ class Batcher:
     def _run(self) -> None:
         try:
             threads = self.settings.threads or (cpu_threads() if self.net.device.type == "cpu" else None)
-            limits = (threads, self.settings.fused_threads)
-            set_thread_limits(*limits)
+            if threads:
+                torch.set_num_threads(threads)
             self.batch = batch = self._new_batch()
             if self.settings.encode_ahead and self.settings.batching and self.net.device.type == "cpu":
-                self._encoder = ThreadPoolExecutor(1, f"tolk-encoder-{self.name}", set_thread_limits, limits)
+                self._encoder = ThreadPoolExecutor(1, f"tolk-encoder-{self.name}", torch.set_num_threads,
+                                                   (threads or torch.get_num_threads(),))
         except Exception as exc:  # reported to start()
             self.failure = exc
             self._started.set()

@@ -35,10 +35,6 @@ class Settings(BaseSettings):
     )
     threads: int | None = Field(default=None, ge=1, le=256, description="torch threads of each scheduler; None = "
                                  "every core but one on the CPU (the event loop needs one), torch's default on a GPU")
-    fused_threads: int | None = Field(default=1, ge=1, le=256, description="threads the fused CPU decode step and "
-                                      "encoder may cut a product over (at most `threads`); None = `threads`. 1: "
-                                      "on 2 cores with threads=2, cutting made one request 2 ms slower through "
-                                      "the server, though 1.1-1.5x faster offline (docs/benchmarks.md)")
 
     cuda_graphs: bool = Field(default=True, description="on a CUDA device, replay the decoder step as CUDA graphs "
                               "recorded at start-up (one per bucket of row counts): one launch instead of dozens")

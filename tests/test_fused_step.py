@@ -12,13 +12,13 @@ from torch import nn
 
 pytest.importorskip("numba", reason="the fused step needs numba (the GPU script's bare machine lacks it)")
 
-from model import calibrate, fused_step, kernels  # noqa: E402
+from model import calibrate, fused_step  # noqa: E402
 from model.checkpoint import LoadedModel, quantize_int8  # noqa: E402
 from model.decode import DecodeBatch  # noqa: E402
-from model.frozen import FrozenTransformer, Projection, freeze, set_thread_limits  # noqa: E402
+from model.frozen import FrozenTransformer, Projection, freeze  # noqa: E402
 from model.fused_step import FusedStep, _weights  # noqa: E402
 from model.generation import GenerationConfig  # noqa: E402
-from model.kernels import _product, attend_all  # noqa: E402
+from model.kernels import _product  # noqa: E402
 from model.search import generate  # noqa: E402
 from tests.test_int8_ranges import quantized  # noqa: E402
 from tests.tiny import tiny_config, tiny_model  # noqa: E402
@@ -105,74 +105,9 @@ def test_int8_product_equals_fbgemm_with_a_fixed_range(inputs: int, terms: int) 
     scale, zero_point = reference.static
     y = np.empty((5, terms), np.float32)
     quant = np.array([1 / scale, scale, zero_point, 1], np.float32)
-    _product(x.numpy(), *got, quant, 0, np.empty((0, 0), np.float32), y, 1)
+    _product(x.numpy(), *got, quant, 0, np.empty((0, 0), np.float32), y)
     expected = reference(x)
     assert (torch.from_numpy(y) - expected).abs().max() <= 1e-6 * expected.abs().max()
-
-
-@pytest.mark.parametrize("rows", [1, 3])
-@pytest.mark.parametrize("outputs", [1026, 4097])
-@pytest.mark.parametrize("int8", [False, True])
-def test_a_product_cut_over_threads_gives_the_same_numbers(rows: int, outputs: int, int8: bool) -> None:
-    """Above SPLIT_MACS the outputs are cut over the threads in blocks of four (the last block short here): every
-    output bit for bit as one thread computes it, the residual added once, whatever the number of parts."""
-    rng = np.random.default_rng(0)
-    w = (rng.integers(-127, 128, (outputs, 256)).astype(np.int8) if int8
-         else rng.standard_normal((outputs, 256)).astype(np.float32))
-    scale, bias = rng.random(outputs).astype(np.float32), rng.standard_normal(outputs).astype(np.float32)
-    x = rng.standard_normal((rows, 256)).astype(np.float32)
-    res = rng.standard_normal((rows, outputs)).astype(np.float32)
-    quant = np.array([20.0, 0.05, 3.0, 1.0] if int8 else [0, 0, 0, 0], np.float32)
-    assert rows * outputs * 256 >= kernels.SPLIT_MACS
-    got = []
-    for parts in (1, 2, 3):
-        y = np.full((rows, outputs), np.nan, np.float32)
-        _product(x, w, scale, bias, quant, 1, res, y, parts)
-        got.append(y)
-    assert not np.isnan(got[0]).any()
-    for y in got[1:]:
-        assert np.array_equal(y, got[0])
-
-
-def test_attention_shared_out_over_threads_gives_the_same_numbers() -> None:
-    """Rows' attention over their own lengths, shared out from SPLIT_ROWS rows on: the same outputs and alignment
-    weights as row after row."""
-    rng = np.random.default_rng(1)
-    B, H, T, Dh = 6, 4, 9, 8
-    q = rng.standard_normal((B, 3 * H * Dh)).astype(np.float32)[:, : H * Dh]  # a strided view, as in the step
-    k, v = (rng.standard_normal((B + 2, H, T, Dh)).astype(np.float32) for _ in range(2))
-    lengths = np.array([1, 9, 4, 7, 2, 5], np.int64)
-    assert B >= kernels.SPLIT_ROWS
-    got = []
-    for parts in (1, 2, 4):
-        out, weights = np.full((B, H * Dh), np.nan, np.float32), np.zeros((B, T), np.float32)
-        attend_all(q, k, v, lengths, out, weights, parts)
-        got.append((out, weights))
-    assert not np.isnan(got[0][0]).any() and np.allclose(got[0][1].sum(1), 1.0, atol=1e-5)
-    for out, weights in got[1:]:
-        assert np.array_equal(out, got[0][0]) and np.array_equal(weights, got[0][1])
-
-
-@pytest.mark.skipif(kernels.THREADING_LAYER is None, reason="no thread-safe numba threading layer here")
-@pytest.mark.parametrize("dtype", ["float32", "int8"])
-def test_the_fused_step_and_encoder_give_the_same_tokens_with_two_threads(dtype: str) -> None:
-    """The engine's thread count reaches the fused step and encoder (products wide enough to be cut) and changes
-    no number: logits and cache bit for bit, and the encoder's K/V, with one thread and with two."""
-    fused, _ = nets(dtype, d_model=64, d_ff=1024, vocab_size=2100)
-    assert min(2100 * 64, 2 * 1024 * 64) >= kernels.SPLIT_MACS  # the output product at any row count, fc1 at 2+
-    before = torch.get_num_threads()
-    results = []
-    try:
-        for count in (1, 2):
-            torch.set_num_threads(count)
-            assert kernels.threads() == count
-            src = torch.tensor([s + [0] * (10 - len(s)) for s in SOURCES])
-            with torch.inference_mode():
-                results.append((steps(fused, 6), fused.encode_cross(src)[0].clone()))
-    finally:
-        torch.set_num_threads(before)
-    (one, kv_one), (two, kv_two) = results
-    assert all(torch.equal(a, b) for a, b in zip(one, two, strict=True)) and torch.equal(kv_one, kv_two)
 
 
 def test_calibration_and_dynamic_int8_keep_the_operator_step() -> None:
@@ -277,22 +212,3 @@ def test_steps_never_read_the_cache_beyond_each_rows_length(dtype: str) -> None:
                 with torch.inference_mode():
                     runs.append([(h[0].tokens, h[0].score) for h in generate(net, SOURCES * 2, config, batch=batch)])
             assert runs[0] == runs[1]
-
-
-@pytest.mark.skipif(kernels.THREADING_LAYER is None, reason="no thread-safe numba threading layer here")
-def test_a_threads_limit_holds_for_the_thread_that_sets_it() -> None:
-    """The server's batcher and encoder threads limit the fused step's threads (TOLK_FUSED_THREADS) without
-    touching torch's count or other threads."""
-    import threading
-
-    before = torch.get_num_threads()
-    seen: list[int] = []
-    try:
-        torch.set_num_threads(2)
-        assert kernels.threads() == 2
-        worker = threading.Thread(target=lambda: (set_thread_limits(2, 1), seen.append(kernels.threads())))
-        worker.start()
-        worker.join()
-        assert seen == [1] and kernels.threads() == 2 and torch.get_num_threads() == 2
-    finally:
-        torch.set_num_threads(before)
