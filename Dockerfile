@@ -59,16 +59,12 @@ WORKDIR /app
 # The shipped models, owned by root and only readable by the server. Mount a directory on /app/weights to serve
 # other (imported) models instead.
 COPY weights/ weights/
-# numba keeps the compiled decode step and encoder (model/fused_step.py, model/kernels.py) in NUMBA_CACHE_DIR, which
-# must be writable. Compiling them takes 45-55 s on 2 cores, so the build compiles them once for the shipped models'
-# int8 step (TOLK_NUMBA_SEED) and each start copies that into the empty cache (server/cli.py). An image run on
-# another CPU, or another precision, compiles at its first start, as it would without the seed.
-RUN NUMBA_CACHE_DIR=/opt/tolk/numba /opt/venv/bin/python -c \
-        'from model import checkpoint; [checkpoint.load(f"weights/{d}", dtype="int8") for d in ("en-pt", "pt-en")]'
+# numba keeps the compiled decode step (model/fused_step.py, model/kernels.py) in NUMBA_CACHE_DIR; the image's own
+# files are read-only, so the first start compiles it there (/ready 22-30 s after the start on 2 cores) and a new
+# container does again.
 ENV PATH=/opt/venv/bin:$PATH \
     TOLK_DATA_DIR=/var/lib/tolk \
-    NUMBA_CACHE_DIR=/tmp/numba \
-    TOLK_NUMBA_SEED=/opt/tolk/numba
+    NUMBA_CACHE_DIR=/tmp/numba
 USER 10001:10001
 EXPOSE 8000
 # /ready answers 200 once every model is loaded and its scheduler runs; the slim base has no curl.

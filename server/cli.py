@@ -75,25 +75,8 @@ def _serve_arguments(parser: argparse.ArgumentParser) -> None:
                              "(default: TOLK_REQUEST_TIMEOUT + 5)")
 
 
-def seed_numba_cache() -> None:
-    """Copy the compiled kernels an image was built with (TOLK_NUMBA_SEED) into an empty NUMBA_CACHE_DIR, before
-    anything imports them. The cache must be writable (numba refuses a read-only one), and a Kubernetes pod mounts
-    an empty /tmp over the image's: the seed stays read-only where it is and each container starts from a copy.
-    numba checks each entry against its source file and this CPU, and compiles afresh what does not match."""
-    seed, cache = os.environ.get("TOLK_NUMBA_SEED"), os.environ.get("NUMBA_CACHE_DIR")
-    if not seed or not cache or not Path(seed).is_dir() or (Path(cache).is_dir() and any(Path(cache).iterdir())):
-        return
-    import shutil
-
-    try:
-        shutil.copytree(seed, cache, dirs_exist_ok=True)
-    except OSError as exc:  # a cache that cannot be written: numba compiles, as without a seed
-        log.warning("could not copy the compiled kernels from %s to %s: %s", seed, cache, exc)
-
-
 def serve(args: argparse.Namespace) -> int:
     """Start uvicorn with create_app; settings come from the environment, then from these flags."""
-    seed_numba_cache()
     import uvicorn
 
     from server.app import create_app
