@@ -21,12 +21,12 @@ from typing import TYPE_CHECKING, Any, cast
 
 import numpy as np
 import torch
-from numba import njit
 from torch import Tensor
 from torch.ao.nn.quantized.dynamic import Linear as QuantizedLinear
 
 from model.fused_step import MAX_WEIGHT_BYTES, _weights, input_ranges
-from model.kernels import ACTIVATIONS, FAST, _attend, _feed_forward, _last, _next, _product, _qkv
+from model.kernels import ACTIVATIONS
+from model.kernels import encode as _encode
 
 if TYPE_CHECKING:
     from model.frozen import FrozenTransformer, Projection
@@ -36,40 +36,6 @@ if TYPE_CHECKING:
 MAX_TOKENS = 24  # sentences of at most this many tokens are encoded here in float32 (module docstring)
 MAX_TOKENS_INT8 = 8  # and in int8
 PRODUCTS = ("qkv", "o", "fc1", "fc2")
-
-
-@njit(fastmath=FAST, nogil=True, cache=True)
-def _encode(x, starts, ns, H, norm_w, norm_b, eps, pre, final_w, final_b, act,  # type: ignore[no-untyped-def]
-            w_qkv, s_qkv, b_qkv, q_qkv, w_o, s_o, b_o, q_o, w_1, s_1, b_1, q_1, w_2, s_2, b_2, q_2,
-            w_kv, s_kv, b_kv, q_kv, kv):  # pragma: no cover - compiled
-    """x (N, D): the embedded tokens of sentences b = 0.. at rows starts[b]..starts[b] + ns[b] - 1. Every encoder
-    layer, the final norm (pre-norm) and the cross-attention K/V product into kv (N, L * 2 * D). x is overwritten."""
-    N, D = x.shape
-    Dh = D // H
-    h = np.empty((N, D), np.float32)
-    qkv = np.empty((N, 3 * D), np.float32)
-    a = np.empty((N, D), np.float32)
-    f = np.empty((N, w_1.shape[1]), np.float32)
-    none = np.empty((0, 0), np.float32)
-    no_weights = np.empty(0, np.float32)
-    for i in range(w_qkv.shape[0]):
-        _qkv(x, h, norm_w[i, 0], norm_b[i, 0], eps, pre, w_qkv[i], s_qkv[i], b_qkv[i], q_qkv[i], none, qkv)
-        for b in range(starts.shape[0]):
-            s0, n = starts[b], ns[b]
-            k = np.empty((H, n, Dh), np.float32)
-            v = np.empty((H, n, Dh), np.float32)
-            for t in range(n):
-                for hh in range(H):
-                    for d in range(Dh):
-                        k[hh, t, d] = qkv[s0 + t, D + hh * Dh + d]
-                        v[hh, t, d] = qkv[s0 + t, 2 * D + hh * Dh + d]
-            for t in range(n):
-                _attend(qkv[s0 + t, :D], k, v, n, a[s0 + t], no_weights)
-        _product(a, w_o[i], s_o[i], b_o[i], q_o[i], 0, x, h)
-        _next(x, h, norm_w[i], norm_b[i], 0, eps, pre)
-        _feed_forward(x, h, f, w_1[i], s_1[i], b_1[i], q_1[i], w_2[i], s_2[i], b_2[i], q_2[i], act, norm_w[i, 1],
-                      norm_b[i, 1], eps, pre)
-    _last(x, h, final_w, final_b, eps, pre, w_kv, s_kv, b_kv, q_kv, kv)
 
 
 class FusedEncoder:

@@ -1,5 +1,9 @@
-"""The numba loop nests the fused CPU decode step (model/fused_step.py) and encoder (model/fused_encoder.py) are
-built from: products, layer norms, attention over each row's own length, and the operator step's row-wise attention.
+"""Every numba loop nest of the fused CPU decode step and encoder: products, layer norms, attention over each row's
+own length (also the operator step's, `attend_rows`), and the step (`step`) and encoder (`encode`) built from them.
+model/fused_step.py and model/fused_encoder.py prepare their arguments and call them.
+
+All of it lives in this one file on purpose: numba's on-disk cache checks only the source file of the function it
+compiled, so a compiled `step` would keep an old copy of a product edited in another file.
 
 Products are the same as the frozen network's:
 - float32: the weights as they are;
@@ -242,3 +246,91 @@ def attend_rows(q, k, v, lengths, out, weights):  # type: ignore[no-untyped-def]
     none = np.empty(0, np.float32)
     for r in range(q.shape[0]):
         _attend(q[r], k[r], v[r], lengths[r], out[r], weights[r] if weights.shape[0] > 0 else none)
+
+
+@njit(fastmath=FAST, nogil=True, cache=True)
+def step(tokens, pos, src_mask, self_kv, cross_kv, table, positions, emb_scale,  # type: ignore[no-untyped-def]
+          norm_w, norm_b, eps, pre, final_w, final_b, act,
+          w_qkv, s_qkv, b_qkv, q_qkv, w_o, s_o, b_o, q_o, w_cq, s_cq, b_cq, q_cq,
+          w_co, s_co, b_co, q_co, w_1, s_1, b_1, q_1, w_2, s_2, b_2, q_2,
+          w_out, s_out, b_out, q_out, logits, align):  # pragma: no cover - compiled
+    """Rows 0..B-1 of the cache advance by one token each; logits (B, V) are written, `pos` moves on. Unless
+    `align` is empty, the last layer's cross-attention weights averaged over heads are added into it (B, S)."""
+    B = tokens.shape[0]
+    L, _, _, H, _, Dh = self_kv.shape
+    D = H * Dh
+    x = np.empty((B, D), np.float32)
+    for r in range(B):
+        for d in range(D):
+            x[r, d] = table[tokens[r], d] * emb_scale + positions[pos[r], d]
+    h = np.empty((B, D), np.float32)
+    qkv = np.empty((B, 3 * D), np.float32)
+    a = np.empty((B, D), np.float32)
+    f = np.empty((B, w_1.shape[1]), np.float32)
+    none = np.empty((0, 0), np.float32)
+    no_weights = np.empty(0, np.float32)
+    lengths = np.empty(B, np.int64)
+    for r in range(B):
+        n = 0
+        for s in range(src_mask.shape[1]):
+            n += src_mask[r, s]
+        lengths[r] = n
+    for i in range(L):
+        # self-attention: the new token's K/V go into the cache at each row's position
+        _qkv(x, h, norm_w[i, 0], norm_b[i, 0], eps, pre, w_qkv[i], s_qkv[i], b_qkv[i], q_qkv[i], none, qkv)
+        for r in range(B):
+            t = pos[r]
+            for hh in range(H):
+                for d in range(Dh):
+                    self_kv[i, 0, r, hh, t, d] = qkv[r, D + hh * Dh + d]
+                    self_kv[i, 1, r, hh, t, d] = qkv[r, 2 * D + hh * Dh + d]
+            _attend(qkv[r, :D], self_kv[i, 0, r], self_kv[i, 1, r], t + 1, a[r], no_weights)
+        _product(a, w_o[i], s_o[i], b_o[i], q_o[i], 0, x, h)
+        _next(x, h, norm_w[i], norm_b[i], 0, eps, pre)
+        # cross-attention over each row's own source length
+        q = np.empty((B, D), np.float32)
+        _product(h, w_cq[i], s_cq[i], b_cq[i], q_cq[i], 0, none, q)
+        for r in range(B):
+            weights = align[r] if i == L - 1 and align.shape[0] > 0 else no_weights
+            _attend(q[r], cross_kv[i, 0, r], cross_kv[i, 1, r], lengths[r], a[r], weights)
+        _product(a, w_co[i], s_co[i], b_co[i], q_co[i], 0, x, h)
+        _next(x, h, norm_w[i], norm_b[i], 1, eps, pre)
+        _feed_forward(x, h, f, w_1[i], s_1[i], b_1[i], q_1[i], w_2[i], s_2[i], b_2[i], q_2[i], act, norm_w[i, 2],
+                      norm_b[i, 2], eps, pre)
+    _last(x, h, final_w, final_b, eps, pre, w_out, s_out, b_out, q_out, logits)
+    for r in range(B):
+        pos[r] += 1
+
+
+@njit(fastmath=FAST, nogil=True, cache=True)
+def encode(x, starts, ns, H, norm_w, norm_b, eps, pre, final_w, final_b, act,  # type: ignore[no-untyped-def]
+            w_qkv, s_qkv, b_qkv, q_qkv, w_o, s_o, b_o, q_o, w_1, s_1, b_1, q_1, w_2, s_2, b_2, q_2,
+            w_kv, s_kv, b_kv, q_kv, kv):  # pragma: no cover - compiled
+    """x (N, D): the embedded tokens of sentences b = 0.. at rows starts[b]..starts[b] + ns[b] - 1. Every encoder
+    layer, the final norm (pre-norm) and the cross-attention K/V product into kv (N, L * 2 * D). x is overwritten."""
+    N, D = x.shape
+    Dh = D // H
+    h = np.empty((N, D), np.float32)
+    qkv = np.empty((N, 3 * D), np.float32)
+    a = np.empty((N, D), np.float32)
+    f = np.empty((N, w_1.shape[1]), np.float32)
+    none = np.empty((0, 0), np.float32)
+    no_weights = np.empty(0, np.float32)
+    for i in range(w_qkv.shape[0]):
+        _qkv(x, h, norm_w[i, 0], norm_b[i, 0], eps, pre, w_qkv[i], s_qkv[i], b_qkv[i], q_qkv[i], none, qkv)
+        for b in range(starts.shape[0]):
+            s0, n = starts[b], ns[b]
+            k = np.empty((H, n, Dh), np.float32)
+            v = np.empty((H, n, Dh), np.float32)
+            for t in range(n):
+                for hh in range(H):
+                    for d in range(Dh):
+                        k[hh, t, d] = qkv[s0 + t, D + hh * Dh + d]
+                        v[hh, t, d] = qkv[s0 + t, 2 * D + hh * Dh + d]
+            for t in range(n):
+                _attend(qkv[s0 + t, :D], k, v, n, a[s0 + t], no_weights)
+        _product(a, w_o[i], s_o[i], b_o[i], q_o[i], 0, x, h)
+        _next(x, h, norm_w[i], norm_b[i], 0, eps, pre)
+        _feed_forward(x, h, f, w_1[i], s_1[i], b_1[i], q_1[i], w_2[i], s_2[i], b_2[i], q_2[i], act, norm_w[i, 1],
+                      norm_b[i, 1], eps, pre)
+    _last(x, h, final_w, final_b, eps, pre, w_kv, s_kv, b_kv, q_kv, kv)
