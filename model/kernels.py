@@ -237,6 +237,14 @@ def _attend(q, k, v, n, out, weights):  # type: ignore[no-untyped-def]  # pragma
 
 
 @njit(fastmath=FAST, nogil=True, cache=True)
+def _scratch(rows, D, F):  # type: ignore[no-untyped-def]  # pragma: no cover - compiled
+    """The step's and the encoder's working arrays for `rows` rows: h, qkv, a, f, and the empty stand-ins for
+    "no residual" (2-D) and "no attention weights" (1-D)."""
+    return (np.empty((rows, D), np.float32), np.empty((rows, 3 * D), np.float32), np.empty((rows, D), np.float32),
+            np.empty((rows, F), np.float32), np.empty((0, 0), np.float32), np.empty(0, np.float32))
+
+
+@njit(fastmath=FAST, nogil=True, cache=True)
 def attend_rows(q, k, v, lengths, out, weights):  # type: ignore[no-untyped-def]  # pragma: no cover - compiled
     """Row r's query q[r, :H * Dh] over its own first lengths[r] keys and values k[r], v[r] (H, T, Dh) into out[r];
     unless `weights` is empty, the weights averaged over heads into weights[r] (T,).
@@ -263,12 +271,7 @@ def step(tokens, pos, src_mask, self_kv, cross_kv, table, positions, emb_scale, 
     for r in range(B):
         for d in range(D):
             x[r, d] = table[tokens[r], d] * emb_scale + positions[pos[r], d]
-    h = np.empty((B, D), np.float32)
-    qkv = np.empty((B, 3 * D), np.float32)
-    a = np.empty((B, D), np.float32)
-    f = np.empty((B, w_1.shape[1]), np.float32)
-    none = np.empty((0, 0), np.float32)
-    no_weights = np.empty(0, np.float32)
+    h, qkv, a, f, none, no_weights = _scratch(B, D, w_1.shape[1])
     lengths = np.empty(B, np.int64)
     for r in range(B):
         n = 0
@@ -310,12 +313,7 @@ def encode(x, starts, ns, H, norm_w, norm_b, eps, pre, final_w, final_b, act,  #
     layer, the final norm (pre-norm) and the cross-attention K/V product into kv (N, L * 2 * D). x is overwritten."""
     N, D = x.shape
     Dh = D // H
-    h = np.empty((N, D), np.float32)
-    qkv = np.empty((N, 3 * D), np.float32)
-    a = np.empty((N, D), np.float32)
-    f = np.empty((N, w_1.shape[1]), np.float32)
-    none = np.empty((0, 0), np.float32)
-    no_weights = np.empty(0, np.float32)
+    h, qkv, a, f, none, no_weights = _scratch(N, D, w_1.shape[1])
     for i in range(w_qkv.shape[0]):
         _qkv(x, h, norm_w[i, 0], norm_b[i, 0], eps, pre, w_qkv[i], s_qkv[i], b_qkv[i], q_qkv[i], none, qkv)
         for b in range(starts.shape[0]):
