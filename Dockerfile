@@ -60,7 +60,7 @@ WORKDIR /app
 # other (imported) models instead.
 COPY weights/ weights/
 # numba keeps the compiled decode step (model/fused_step.py, model/kernels.py) in NUMBA_CACHE_DIR; the image's own
-# files are read-only, so the first start compiles it there (/ready 22-30 s after the start on 2 cores) and a new
+# files are read-only, so the first start compiles it there (/ready 22-38 s after the start on 2 cores) and a new
 # container does again.
 ENV PATH=/opt/venv/bin:$PATH \
     TOLK_DATA_DIR=/var/lib/tolk \
