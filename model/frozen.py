@@ -33,10 +33,10 @@ from model.cache import KVCache
 try:  # numba: the CPU's fused step; without it (the GPU script's bare machine) steps run operator by operator
     from model.fused_encoder import FusedEncoder
     from model.fused_step import FusedStep
-    from model.kernels import attend_rows
+    from model.kernels import attend_packed, attend_rows
 except (ImportError, RuntimeError) as exc:  # pragma: no cover - RuntimeError: numba finds no writable cache
     logging.getLogger(__name__).warning("the fused CPU decode step is off (%s); set NUMBA_CACHE_DIR", exc)
-    FusedStep = attend_rows = FusedEncoder = None  # type: ignore[assignment,misc]
+    FusedStep = attend_rows = attend_packed = FusedEncoder = None  # type: ignore[assignment,misc]
 from model.layers import ACTIVATION_FUNCTIONS, Attention, DecoderLayer, EncoderLayer
 
 if TYPE_CHECKING:
@@ -219,14 +219,16 @@ class Packing:
     """Where the real tokens of a right-padded batch (B, S) sit, so the encoder's products skip the padding.
 
     Every product and norm of an encoder layer works token by token, so it runs on the real tokens alone, packed
-    into (N, D); only attention needs the (B, S) layout. On sentences of mixed lengths padding is most of a batch
-    (3.8 times the real tokens for 64 sentences of a test split taken in order), and it was most of the encoder's time.
+    into (N, D); only attention needs the (B, S) layout, and on the CPU in float32 not even it (`attend_packed`). On
+    sentences of mixed lengths padding is most of a batch (3.8 times the real tokens for 64 sentences of a test split
+    taken in order), and it was most of the encoder's time.
     """
 
     def __init__(self, mask: Tensor) -> None:
         self.B, self.S = mask.shape
         self.index = mask.flatten().nonzero()[:, 0]  # (N,) positions of real tokens in the flattened batch
         self.attn_mask = mask[:, None, None, :]  # (B, 1, 1, S) True = real token
+        self.lengths = mask.sum(1).numpy() if mask.device.type == "cpu" else None  # (B,) real tokens per sentence
 
     def pad(self, x: Tensor) -> Tensor:
         """(N, F) real tokens -> (B, S, F), zeros at padding."""
@@ -249,13 +251,27 @@ class FrozenEncoderLayer:
         """x (N, D): the real tokens of B sources of up to S tokens; packing None when no source is padded."""
         N, D = x.shape
         qkv = self.qkv(self.norms.inp(x, 0))  # (N, 3D)
-        qkv = packing.pad(qkv) if packing is not None else qkv.view(B, S, -1)
-        q, k, v = qkv.view(B, S, 3, self.H, -1).permute(2, 0, 3, 1, 4)  # (B, H, S, Dh)
-        mask = packing.attn_mask if packing is not None else None
-        a = F.scaled_dot_product_attention(q, k, v, attn_mask=mask).transpose(1, 2)  # (B, S, H, Dh)
-        a = packing.pack(a) if packing is not None else a.reshape(N, D)
+        if attend_packed is not None and qkv.device.type == "cpu" and qkv.dtype == torch.float32:
+            a = self._attend_packed(qkv, B, S, packing)
+        else:
+            qkv = packing.pad(qkv) if packing is not None else qkv.view(B, S, -1)
+            q, k, v = qkv.view(B, S, 3, self.H, -1).permute(2, 0, 3, 1, 4)  # (B, H, S, Dh)
+            mask = packing.attn_mask if packing is not None else None
+            a = F.scaled_dot_product_attention(q, k, v, attn_mask=mask).transpose(1, 2)  # (B, S, H, Dh)
+            a = packing.pack(a) if packing is not None else a.reshape(N, D)
         x = self.norms.out(self.o(a, residual=x), 0)
         return self.norms.out(self.fc2(self.fc1(self.norms.inp(x, 1)), residual=x), 1)
+
+    def _attend_packed(self, qkv: Tensor, B: int, S: int, packing: Packing | None) -> Tensor:
+        """On the CPU in float32: each sentence's tokens over its own tokens alone (model.kernels.attend_packed, the
+        fused encoder's attention), with no padding and no mask."""
+        lengths = packing.lengths if packing is not None and packing.lengths is not None else np.full(B, S, np.int64)
+        ns = lengths.astype(np.int64)
+        starts = np.zeros(B, np.int64)
+        np.cumsum(ns[:-1], out=starts[1:])
+        out = qkv.new_empty(qkv.shape[0], qkv.shape[1] // 3)
+        attend_packed(np.ascontiguousarray(qkv.numpy()), starts, ns, self.H, out.numpy())
+        return out
 
 
 def attend_one(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None) -> Tensor:

@@ -12,7 +12,8 @@ neighbours'.
 
 Products are the fused decode step's (`model.kernels._product`): float32 as they are; int8 with the same int8
 weights and fixed input ranges as fbgemm's, exact integer sums scaled as fbgemm scales them (per output channel
-here, as the encoder's weights are quantized). Attention runs over each sentence's own tokens (`_attend`).
+here, as the encoder's weights are quantized). Attention runs over each sentence's own tokens
+(`attend_packed`, which the operator-by-operator encoder on the CPU uses too).
 """
 
 from __future__ import annotations

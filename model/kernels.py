@@ -1,5 +1,6 @@
 """Every numba loop nest of the fused CPU decode step and encoder: products, layer norms, attention over each row's
-own length (also the operator step's, `attend_rows`), and the step (`step`) and encoder (`encode`) built from them.
+own length (also the operator-by-operator step's, `attend_rows`, and encoder's, `attend_packed`), and the step
+(`step`) and encoder (`encode`) built from them.
 model/fused_step.py and model/fused_encoder.py prepare their arguments and call them.
 
 All of it lives in this one file on purpose: numba's on-disk cache checks only the source file of the function it
@@ -257,6 +258,31 @@ def attend_rows(q, k, v, lengths, out, weights):  # type: ignore[no-untyped-def]
 
 
 @njit(fastmath=FAST, nogil=True, cache=True)
+def attend_packed(qkv, starts, ns, H, out):  # type: ignore[no-untyped-def]  # pragma: no cover - compiled
+    """Self-attention of sentences packed token after token: the tokens starts[b]..starts[b] + ns[b] - 1 of qkv
+    (N, 3 * D: each token's query, key and value) attend over their own sentence alone, into out (N, D).
+
+    The encoder's attention (`encode`, and the operator-by-operator encoder on the CPU): no padding, no mask, and a
+    sentence's numbers never depend on what it is batched with. The attention alone, against padding the batch and
+    SDPA with a mask (256 test sentences' lengths, the shipped model's width and heads, 1 or 2 threads): 1.4-1.7x
+    faster at 4-8 sentences a batch, 2.3-3.6x at 32-64."""
+    D = qkv.shape[1] // 3
+    Dh = D // H
+    none = np.empty(0, np.float32)
+    for b in range(starts.shape[0]):
+        s0, n = starts[b], ns[b]
+        k = np.empty((H, n, Dh), np.float32)
+        v = np.empty((H, n, Dh), np.float32)
+        for t in range(n):
+            for hh in range(H):
+                for d in range(Dh):
+                    k[hh, t, d] = qkv[s0 + t, D + hh * Dh + d]
+                    v[hh, t, d] = qkv[s0 + t, 2 * D + hh * Dh + d]
+        for t in range(n):
+            _attend(qkv[s0 + t, :D], k, v, n, out[s0 + t], none)
+
+
+@njit(fastmath=FAST, nogil=True, cache=True)
 def step(tokens, pos, src_mask, self_kv, cross_kv, table, positions, emb_scale,  # type: ignore[no-untyped-def]
           norm_w, norm_b, eps, pre, final_w, final_b, act,
           w_qkv, s_qkv, b_qkv, q_qkv, w_o, s_o, b_o, q_o, w_cq, s_cq, b_cq, q_cq,
@@ -312,21 +338,10 @@ def encode(x, starts, ns, H, norm_w, norm_b, eps, pre, final_w, final_b, act,  #
     """x (N, D): the embedded tokens of sentences b = 0.. at rows starts[b]..starts[b] + ns[b] - 1. Every encoder
     layer, the final norm (pre-norm) and the cross-attention K/V product into kv (N, L * 2 * D). x is overwritten."""
     N, D = x.shape
-    Dh = D // H
-    h, qkv, a, f, none, no_weights = _scratch(N, D, w_1.shape[1])
+    h, qkv, a, f, none, _ = _scratch(N, D, w_1.shape[1])
     for i in range(w_qkv.shape[0]):
         _qkv(x, h, norm_w[i, 0], norm_b[i, 0], eps, pre, w_qkv[i], s_qkv[i], b_qkv[i], q_qkv[i], none, qkv)
-        for b in range(starts.shape[0]):
-            s0, n = starts[b], ns[b]
-            k = np.empty((H, n, Dh), np.float32)
-            v = np.empty((H, n, Dh), np.float32)
-            for t in range(n):
-                for hh in range(H):
-                    for d in range(Dh):
-                        k[hh, t, d] = qkv[s0 + t, D + hh * Dh + d]
-                        v[hh, t, d] = qkv[s0 + t, 2 * D + hh * Dh + d]
-            for t in range(n):
-                _attend(qkv[s0 + t, :D], k, v, n, a[s0 + t], no_weights)
+        attend_packed(qkv, starts, ns, H, a)
         _product(a, w_o[i], s_o[i], b_o[i], q_o[i], 0, x, h)
         _next(x, h, norm_w[i], norm_b[i], 0, eps, pre)
         _feed_forward(x, h, f, w_1[i], s_1[i], b_1[i], q_1[i], w_2[i], s_2[i], b_2[i], q_2[i], act, norm_w[i, 1],

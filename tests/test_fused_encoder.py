@@ -7,6 +7,7 @@ import torch
 
 pytest.importorskip("numba", reason="the fused encoder needs numba (the GPU script's bare machine lacks it)")
 
+from model import frozen  # noqa: E402
 from model.frozen import FrozenTransformer  # noqa: E402
 from model.fused_encoder import FusedEncoder  # noqa: E402
 from tests.test_fused_step import nets  # noqa: E402
@@ -71,3 +72,26 @@ def test_an_int8_sentence_encodes_bit_for_bit_the_same_alone_and_in_any_admissio
         (alone,) = encode(fused, [source])
         assert torch.equal(got, alone)
     assert sorted(taken) == sorted([len(s) for s in short] * 2)  # together, then each alone
+
+
+@pytest.mark.parametrize("norm", ["pre", "post"])
+def test_the_operator_encoder_attends_by_length_as_sdpa_does_over_the_padded_batch(
+        norm: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """On the CPU in float32 the operator-by-operator encoder attends sentence by sentence over each one's own
+    tokens (model.kernels.attend_packed), with no padding: the same as SDPA over the padded batch with a mask."""
+    _, plain = nets("float32", norm=norm)
+    sources = [LONG[0], SHORT[0], SHORT[1], LONG[1], SHORT[2]]  # mixed lengths: most of the padded batch is padding
+    lengths: list[int] = []
+    kernel = frozen.attend_packed
+
+    def counted(qkv, starts, ns, H, out):  # type: ignore[no-untyped-def]
+        lengths.extend(ns.tolist())
+        kernel(qkv, starts, ns, H, out)
+
+    monkeypatch.setattr(frozen, "attend_packed", counted)
+    by_length = encode(plain, sources)
+    assert lengths == [len(s) for s in sources] * plain.cfg.encoder_layers  # every layer, each sentence its own
+    monkeypatch.setattr(frozen, "attend_packed", None)  # the padded batch and SDPA, as on other devices
+    padded = encode(plain, sources)
+    for a, b in zip(by_length, padded, strict=True):
+        assert (a - b).abs().max() <= 1e-5 * b.abs().max()
