@@ -20,11 +20,14 @@ from . import apt
 from .clean import reject_reason, tokens
 from .notice import notice_line
 from .pairs import Pair, pairs_path, read_pairs, write_pairs
-from .sources import ddtp, firefox, gettext_catalogs, libreoffice
-from .split import dedup, split_by_source
+from .sources import ddtp, firefox, gettext_catalogs, libreoffice, mallard_help
+from .split import add_train_only, dedup, split_by_source
 
-SOURCES = ("gettext", "libreoffice", "ddtp", "firefox")
-SPLITS = ("train", "dev", "test")
+SOURCES = ("gettext", "libreoffice", "ddtp", "firefox", "mallard")
+# Sources added after the dev and test splits were drawn: they join train (and a held-out split of their own, "prose"),
+# so that dev and test stay the same sentences and every score measured on them stays comparable.
+TRAIN_ONLY = ("mallard",)
+SPLITS = ("train", "dev", "test", "prose")
 
 log = logging.getLogger("tolk.data")
 
@@ -41,6 +44,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="keep the N packages with the most pt_BR gettext pairs")
     parser.add_argument("--dev-size", type=int, default=2000)
     parser.add_argument("--test-size", type=int, default=2000)
+    parser.add_argument("--prose-size", type=int, default=500,
+                        help="pairs of GNOME's user help held out as the prose split (bench/quality.py)")
     parser.add_argument("--max-per-source", type=int, default=3,
                         help="maximum distinct translations kept per English source")
     parser.add_argument("--max-tokens", type=int, default=250,
@@ -60,6 +65,8 @@ def _collect(name: str, env: apt.AptEnv, work: Path, args: argparse.Namespace) -
         return ddtp.collect(env), []
     if name == "firefox":
         return firefox.collect(env, work), [firefox.EN_PACKAGE, firefox.PT_PACKAGE]
+    if name == "mallard":
+        return mallard_help.collect(env, work)
     raise ValueError(f"unknown source {name!r}")
 
 
@@ -161,21 +168,24 @@ def main(args: argparse.Namespace) -> int:
             for name in names}
     stats: dict[str, object] = {"sources": {}}
     cleaned: list[Pair] = []
+    later: list[Pair] = []
     for name, pairs in raw.items():
         kept, reasons = clean_pairs(pairs, args.max_tokens)
         stats["sources"][name] = {"raw": len(pairs), "clean": len(kept),  # type: ignore[index]
                                   "rejected": dict(reasons.most_common())}
-        cleaned.extend(kept)
+        (later if name in TRAIN_ONLY else cleaned).extend(kept)
     unique = dedup(cleaned, args.max_per_source)
     splits = split_by_source(unique, {"dev": args.dev_size, "test": args.test_size}, args.seed)
+    extra = dedup(later, args.max_per_source)
+    splits = add_train_only(splits, extra, {"prose": args.prose_size} if later else {}, args.seed)
     write_splits(out, splits)
     write_notice(out, env, work, used)
-    stats["after_dedup"] = len(unique)
-    stats["splits"] = {name: split_stats(splits[name]) for name in SPLITS}
+    stats["after_dedup"] = len(unique) + len(extra)
+    stats["splits"] = {name: split_stats(splits[name]) for name in SPLITS if name in splits}
     stats["packages"] = used
     stats["seconds"] = round(time.monotonic() - started)
     (out / "stats.json").write_text(json.dumps(stats, indent=2, ensure_ascii=False) + "\n")
-    log.info("wrote %s: %s", out, {n: len(splits[n]) for n in SPLITS})
+    log.info("wrote %s: %s", out, {n: len(splits[n]) for n in SPLITS if n in splits})
     return 0
 
 

@@ -94,3 +94,34 @@ def split_by_source(pairs: list[Pair], sizes: dict[str, int], seed: int = 1234) 
     result["train"] = [p for k, g in groups.items() if k not in taken for p in g]
     rng.shuffle(result["train"])
     return result
+
+
+def add_train_only(splits: dict[str, list[Pair]], extra: list[Pair], held_out: dict[str, int],
+                   seed: int = 1234) -> dict[str, list[Pair]]:
+    """Join pairs of sources that came after the dev and test splits were drawn, leaving those splits as they are.
+
+    A pair whose source sentence is held out in any split is dropped; so is one already in train. `held_out` names
+    new evaluation splits and their sizes, drawn from these pairs alone (one reference per source sentence, sentence
+    -like pairs whose source sentence the existing splits do not have); the rest join train.
+    """
+    known = {name: {source_key(p.en) for p in pairs} for name, pairs in splits.items()}
+    evaluation = set().union(*(keys for name, keys in known.items() if name != "train"))
+    in_train = {(p.en, p.pt) for p in splits["train"]}
+    groups: dict[str, list[Pair]] = defaultdict(list)
+    for pair in extra:
+        key = source_key(pair.en)
+        if key not in evaluation and (pair.en, pair.pt) not in in_train:
+            groups[key].append(pair)
+    rng = random.Random(seed)
+    candidates = sorted(k for k, g in groups.items() if k not in known["train"] and eval_eligible(g[0]))
+    rng.shuffle(candidates)
+    out = dict(splits)
+    start = 0
+    for name, size in held_out.items():
+        out[name] = [groups[k][0] for k in candidates[start:start + size]]
+        start += size
+    taken = set(candidates[:start])
+    train = splits["train"] + [p for k, g in groups.items() if k not in taken for p in g]
+    rng.shuffle(train)
+    out["train"] = train
+    return out
