@@ -43,9 +43,10 @@ sys.path.insert(0, str(ROOT / "bench"))
 from ct2_convert import TolkConverter, banned_pieces  # noqa: E402
 
 from model.checkpoint import load  # noqa: E402
-from model.frozen import FrozenTransformer, Projection  # noqa: E402
+from model.frozen import FrozenTransformer  # noqa: E402
 from model.generation import GenerationConfig  # noqa: E402
 from model.marian_format import spm_pieces  # noqa: E402
+from model.projection import Projection  # noqa: E402
 from model.search import generate  # noqa: E402
 
 MODES = ("dequantized", "exact", "saturated")

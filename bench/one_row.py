@@ -1,6 +1,6 @@
 """One-row products: a plain GEMM against prepacked oneDNN, side by side in one process.
 
-The frozen network runs a product of one row and a small weight as a plain GEMM (model/frozen.py,
+The frozen network runs a product of one row and a small weight as a plain GEMM (model/projection.py,
 ONE_ROW_PLAIN_MAX) because a prepacked oneDNN call has a fixed cost that dominates there. This measures that
 choice where it matters, batch-1 greedy decoding in float32: (1) every product's time at one row through both
 paths, for the shipped model's shapes and the OPUS-MT geometry's; (2) the decode step of the shipped model with
@@ -27,7 +27,8 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from model.checkpoint import load  # noqa: E402
-from model.frozen import ONE_ROW_PLAIN_MAX, FrozenTransformer, Projection  # noqa: E402
+from model.frozen import FrozenTransformer  # noqa: E402
+from model.projection import ONE_ROW_PLAIN_MAX, Projection  # noqa: E402
 
 # (out, in) of the products of one decoder layer and the output projection
 SHAPES = {"shipped (width 256)": [(768, 256), (256, 256), (1024, 256), (256, 1024), (8000, 256)],

@@ -3,11 +3,9 @@
 Decoding reads every decoder weight once per generated token, so how those products run is the speed.
 Freezing builds, from the modules' parameters:
 - one product for self-attention's Q, K and V, one for the cross-attention K/V of all decoder layers, and the
-  activation or the residual addition fused into the product before it;
-- on the CPU in float32, weights prepacked for oneDNN, whose products run 2 to 4 times faster than PyTorch's
-  default (MKL) on the AMD EPYC machines we measured, from two rows up (docs/benchmarks.md); a product of one row
-  and a small weight runs as a plain GEMM, which is faster there (ONE_ROW_PLAIN_MAX);
-- elsewhere (CUDA, half precision, int8 modules) the same structure through F.linear or the quantized modules.
+  activation or the residual addition fused into the product before it (`model.projection.Projection`: prepacked
+  oneDNN on the CPU in float32, a plain GEMM for one row and a small weight, F.linear or the quantized modules
+  elsewhere);
 The modules keep the parameters for training, saving and export; `freeze` builds this copy from them; build it
 again after they change (it holds both copies of the weights and views into them: an older copy would mix old and
 new). Dropout is off: this is for inference only.
@@ -25,10 +23,10 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
-from torch.ao.nn.quantized.dynamic import Linear as QuantizedLinear
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from model.cache import KVCache
+from model.projection import Projection
 
 try:  # numba: the CPU's fused step; without it (the GPU script's bare machine) steps run operator by operator
     from model.fused_encoder import FusedEncoder
@@ -37,18 +35,11 @@ try:  # numba: the CPU's fused step; without it (the GPU script's bare machine) 
 except (ImportError, RuntimeError) as exc:  # pragma: no cover - RuntimeError: numba finds no writable cache
     logging.getLogger(__name__).warning("the fused CPU decode step is off (%s); set NUMBA_CACHE_DIR", exc)
     FusedStep = attend_rows = attend_packed = FusedEncoder = None  # type: ignore[assignment,misc]
-from model.layers import ACTIVATION_FUNCTIONS, Attention, DecoderLayer, EncoderLayer
+from model.layers import Attention, DecoderLayer, EncoderLayer
 
 if TYPE_CHECKING:
     from model.transformer import Transformer
 
-# oneDNN post-op (attr, algorithm) computing each activation exactly as ACTIVATION_FUNCTIONS does (gelu: erf)
-ONEDNN_ACTIVATIONS = {"relu": ("relu", ""), "gelu": ("gelu", "none"), "swish": ("swish", "")}
-# Weights of at most this many elements also keep a plain transposed copy for products of ONE row: there a
-# prepacked oneDNN call costs a fixed 10-20 us, 1.4 to 4 times a plain GEMM of a 256x256 to 512x512 weight
-# (measured on the 2-core EPYC, 1 and 2 threads); from two rows up, or for larger weights, oneDNN is as fast or
-# faster. Batch-1 decoding of a small model is mostly such products.
-ONE_ROW_PLAIN_MAX = 1 << 19
 # Attention kernels on CUDA, cuDNN's left out. PyTorch picks cuDNN's attention on Hopper, which builds an execution
 # plan for every new shape; decoding meets new shapes all the time (batch size, source length, target position), and
 # on an H100 the first pass over 128 test sentences ran 3 to 16 times slower than a second pass over the same ones
@@ -59,133 +50,6 @@ CUDA_ATTENTION = [SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SD
 def attention_kernels(device: torch.device) -> contextlib.AbstractContextManager[Any]:
     """Inside, scaled_dot_product_attention on CUDA picks among CUDA_ATTENTION; elsewhere it is left alone."""
     return sdpa_kernel(CUDA_ATTENTION) if device.type == "cuda" else contextlib.nullcontext()
-
-
-def onednn_usable(weight: Tensor) -> bool:
-    """Products with this weight can run through prepacked oneDNN: float32 on the CPU, in a build that has it."""
-    built = bool(torch.backends.mkldnn.is_available())  # type: ignore[no-untyped-call]  # unannotated in torch
-    return (weight.device.type == "cpu" and weight.dtype == torch.float32 and built
-            and bool(torch.backends.mkldnn.enabled))
-
-
-def int8_weight_bias(m: QuantizedLinear) -> tuple[Tensor, Tensor | None]:
-    """A dynamically quantized linear's int8 weight and float bias."""
-    return m.weight(), m.bias()  # type: ignore[no-untyped-call]  # torch.ao leaves these accessors unannotated
-
-
-def stacked_bias(linears: Sequence[nn.Linear] | Sequence[QuantizedLinear]) -> Tensor | None:
-    """The biases of linears stacked along the output (zeros for those without one), or None if none has one."""
-    biases = [int8_weight_bias(m)[1] if isinstance(m, QuantizedLinear) else m.bias for m in linears]
-    if all(b is None for b in biases):
-        return None
-    like = next(b for b in biases if b is not None)
-    sizes = [m.out_features for m in linears]
-    return torch.cat([b if b is not None else like.new_zeros(n) for b, n in zip(biases, sizes, strict=True)])
-
-
-def stacked_int8(linears: Sequence[QuantizedLinear], bias: Tensor | None) -> Any:
-    """Dynamically quantized linears as one fbgemm product, with results equal to running them one by one.
-
-    Each keeps its own weight scale as the per-channel scale of its rows, so the int8 weights, the activation
-    quantization and the int32 accumulation are exactly those of the separate products.
-    """
-    weights = [int8_weight_bias(m)[0] for m in linears]
-    ints = torch.cat([w.int_repr() for w in weights])
-    scales = torch.cat([torch.full((w.shape[0],), w.q_scale(), dtype=torch.double) for w in weights])
-    zero_points = torch.cat([torch.full((w.shape[0],), w.q_zero_point(), dtype=torch.long) for w in weights])
-    weight = torch._make_per_channel_quantized_tensor(ints, scales, zero_points, 0)
-    return torch.ops.quantized.linear_prepack(weight, bias if bias is not None else stacked_bias(linears))
-
-
-class Projection:
-    """y = act(x @ W.T + b) [+ residual] for one or more linear maps stacked along the output.
-
-    Several maps of the same input (Q, K and V) become one product. Float weights run as a prepacked oneDNN
-    product with the activation or the residual addition fused in (CPU, float32, prepack=True), or through
-    F.linear; dynamically quantized (int8) linears run as one fbgemm product. `bias` replaces the linears' own.
-    half=True (CPU, float32 weights): the weights rounded to float16 and packed for fbgemm's float16 product,
-    which reads half the bytes and computes in float32. Nothing about the activations is quantized, so a row's
-    result does not depend on the other rows of its batch, unlike int8's per-call activation scale.
-
-    The oneDNN ops are those torch.compile's CPU weight freezing emits for batch sizes that vary
-    (torch/_inductor/fx_passes/mkldnn_fusion.py). torch.utils.mkldnn's public MkldnnLinear runs the same
-    library but converts activations to and from oneDNN's layout on every call: 1.4 to 1.7 times slower here.
-    A prepacked product of one row and a small weight runs as a plain GEMM instead (ONE_ROW_PLAIN_MAX).
-    """
-
-    def __init__(self, linears: Sequence[nn.Module], activation: str | None = None, bias: Tensor | None = None,
-                 prepack: bool = True, half: bool = False) -> None:
-        self.act = ACTIVATION_FUNCTIONS[activation] if activation else None
-        self.post_op = ONEDNN_ACTIVATIONS[activation] if activation else ("none", "")
-        self.int8: Any = None  # fbgemm's packed weight and bias
-        self.static: tuple[float, int] | None = None  # int8: the input's fixed scale and zero point (`set_range`)
-        self.observed: Tensor | None = None  # while calibrating: the smallest and largest input value seen so far
-        self.half: Any = None  # fbgemm's packed float16 weight and bias
-        self.onednn = False
-        self.weight: Tensor | None = None
-        self.bias: Tensor | None = None
-        self.one_row: Tensor | None = None  # (in, out) contiguous: the plain GEMM for one row (ONE_ROW_PLAIN_MAX)
-        with torch.no_grad():
-            if all(isinstance(m, QuantizedLinear) for m in linears):
-                bias = bias.detach() if bias is not None else None
-                self.int8 = stacked_int8(cast(list[QuantizedLinear], list(linears)), bias)
-                return
-            dense = cast(list[nn.Linear], list(linears))
-            weight = (dense[0].weight if len(dense) == 1 else torch.cat([m.weight for m in dense])).detach()
-            bias = bias if bias is not None else stacked_bias(dense)
-            self.bias = bias.detach() if bias is not None else None
-            if half:
-                if weight.device.type != "cpu" or weight.dtype != torch.float32:
-                    raise ValueError("float16 weights with float32 arithmetic run on the CPU, from float32 weights")
-                rounded = weight.half().float()  # the one-row product below reads the same numbers
-                self.half = torch.ops.quantized.linear_prepack_fp16(rounded, self.bias)
-                if rounded.numel() <= ONE_ROW_PLAIN_MAX:
-                    self.one_row = rounded.t().contiguous()
-                return
-            self.onednn = prepack and onednn_usable(weight)
-            if self.onednn and weight.numel() <= ONE_ROW_PLAIN_MAX:
-                self.one_row = weight.t().contiguous()
-            self.weight = torch.ops.mkldnn._reorder_linear_weight(weight, None) if self.onednn else weight
-
-    def set_range(self, lo: float, hi: float) -> None:
-        """int8: quantize inputs with a fixed scale covering [lo, hi] (measured on data by `model.calibrate`) instead
-        of a scale computed per call from the whole batch. A row's numbers are then its own, whatever shares its
-        batch; values outside the range saturate. The range is fbgemm's 7 bits (0..127, the `reduce_range` that
-        the dynamic product uses too), so that the int16 sums of AVX2's int8 products cannot overflow."""
-        if self.int8 is None:
-            raise ValueError("a fixed input range applies to int8 products only")
-        lo, hi = min(lo, 0.0), max(hi, 0.0)  # zero stays exact (padding, ReLU's zeros)
-        scale = max(hi - lo, 1e-8) / 127
-        self.static = (scale, min(127, max(0, round(-lo / scale))))
-
-    def __call__(self, x: Tensor, residual: Tensor | None = None) -> Tensor:
-        if self.observed is not None:
-            self.observed = torch.minimum(self.observed, torch.stack([x.min(), -x.max()]))
-        if self.one_row is not None and x.numel() == x.shape[-1]:
-            flat = x.reshape(1, -1)
-            y = torch.addmm(self.bias, flat, self.one_row) if self.bias is not None else flat @ self.one_row
-            y = y.view(*x.shape[:-1], -1)
-            y = self.act(y) if self.act is not None else y
-            return y if residual is None else y + residual
-        if self.onednn:
-            if residual is not None and self.act is None:
-                fused = torch.ops.mkldnn._linear_pointwise.binary(x, residual, self.weight, self.bias, "add")
-                return cast(Tensor, fused)
-            attr, algorithm = self.post_op
-            y = torch.ops.mkldnn._linear_pointwise(x, self.weight, self.bias, attr, [], algorithm)
-        else:
-            if self.half is not None:
-                flat = x.reshape(-1, x.shape[-1])
-                y = torch.ops.quantized.linear_dynamic_fp16(flat, self.half).view(*x.shape[:-1], -1)
-            elif self.static is not None:
-                scale, zero_point = self.static
-                y = torch.ops.quantized.linear_with_input_q_dq_qweight_dq_output_fp32(x, scale, zero_point, self.int8)
-            elif self.int8 is not None:
-                y = torch.ops.quantized.linear_dynamic(x, self.int8, True)  # reduce_range, as the modules do
-            else:
-                y = F.linear(x, cast(Tensor, self.weight), self.bias)
-            y = self.act(y) if self.act is not None else y
-        return y if residual is None else y + residual
 
 
 class Norms:

@@ -30,8 +30,9 @@ from model.kernels import ACTIVATIONS
 from model.kernels import encode as _encode
 
 if TYPE_CHECKING:
-    from model.frozen import FrozenTransformer, Projection
+    from model.frozen import FrozenTransformer
     from model.layers import DecoderLayer, EncoderLayer
+    from model.projection import Projection
     from model.transformer import Transformer
 
 MAX_TOKENS = 24  # sentences of at most this many tokens are encoded here in float32 (module docstring)

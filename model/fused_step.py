@@ -23,18 +23,18 @@ from torch.ao.nn.quantized.dynamic import Linear as QuantizedLinear
 
 from model.kernels import ACTIVATIONS, EXACT_SUM_TERMS
 from model.kernels import step as _step
+from model.projection import int8_weight_bias, stacked_bias
 
 if TYPE_CHECKING:
     from model.cache import KVCache
-    from model.frozen import FrozenTransformer, Projection
+    from model.frozen import FrozenTransformer
     from model.layers import DecoderLayer
+    from model.projection import Projection
     from model.transformer import Transformer
 
 
 def _weights(linears: Sequence[torch.nn.Module]) -> tuple[np.ndarray, np.ndarray, np.ndarray] | None:
     """The stacked weight (N, K) as float32 or int8, a scale per output and the bias; None if not supported."""
-    from model.frozen import int8_weight_bias, stacked_bias
-
     if all(isinstance(m, QuantizedLinear) for m in linears):
         parts = [int8_weight_bias(m)[0] for m in linears]  # type: ignore[arg-type]
         if not all(_zero_point_zero(p) for p in parts) or parts[0].shape[1] > EXACT_SUM_TERMS:

@@ -15,10 +15,11 @@ pytest.importorskip("numba", reason="the fused step needs numba (the GPU script'
 from model import calibrate, fused_step  # noqa: E402
 from model.checkpoint import LoadedModel, quantize_int8  # noqa: E402
 from model.decode import DecodeBatch  # noqa: E402
-from model.frozen import FrozenTransformer, Projection, freeze  # noqa: E402
+from model.frozen import FrozenTransformer, freeze  # noqa: E402
 from model.fused_step import FusedStep, _weights  # noqa: E402
 from model.generation import GenerationConfig  # noqa: E402
 from model.kernels import _product  # noqa: E402
+from model.projection import Projection  # noqa: E402
 from model.search import generate  # noqa: E402
 from tests.test_int8_ranges import quantized  # noqa: E402
 from tests.tiny import tiny_config, tiny_model  # noqa: E402

@@ -12,8 +12,8 @@ import torch
 from torch import nn
 
 from model import calibrate, checkpoint
-from model.frozen import Projection
 from model.generation import GenerationConfig
+from model.projection import Projection
 from model.search import generate
 from tests.test_server_batching import assert_requests_under_load_equal_each_alone
 from tests.tiny import corpus_lines

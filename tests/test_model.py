@@ -15,9 +15,10 @@ from torch.ao.nn.quantized.dynamic import Linear as QuantizedLinear
 from model import checkpoint
 from model.decode import DecodeBatch
 from model.events import FinishEvent, SentenceKey, TokenEvent
-from model.frozen import Projection, attend_one, freeze
+from model.frozen import attend_one, freeze
 from model.generation import GenerationConfig
 from model.layers import ACTIVATION_FUNCTIONS
+from model.projection import Projection
 from model.search import admissible, argmax, beam_search, generate, greedy, sample, step, top_k
 from model.transformer import Transformer
 from tests.tiny import tiny_config, tiny_model
