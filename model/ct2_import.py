@@ -3,7 +3,7 @@
 A CTranslate2 model directory holds model.bin (CTranslate2's binary format: a version, the spec's name and revision,
 named tensors, then aliases), config.json (special tokens, add_source_bos/eos, layer_norm_epsilon), the vocabularies
 (shared_vocabulary.json or .txt, else source_ and target_vocabulary) and, beside it, the SentencePiece model(s).
-Nothing here needs ctranslate2: the files are read directly.
+Nothing here needs ctranslate2: the files are read directly (model/ct2_format.py).
 
 Weights stored in float16 or bfloat16 are widened to float32; int8 (and int16) weights are dequantised with their
 scales (CTranslate2 stores round(w * scale) with scale = 127 / max|row|), which is as close as float32 gets to what
@@ -21,10 +21,8 @@ decoder-only models). Alignment heads only matter for CTranslate2's alignment ou
 
 from __future__ import annotations
 
-import json
 import math
 import re
-import struct
 from pathlib import Path
 from typing import Any
 
@@ -35,13 +33,12 @@ from torch import Tensor
 
 from model import checkpoint
 from model.config import ModelConfig
+from model.ct2_format import dequantized, find_spm, read_model_bin, read_vocabularies
 from model.layers import sinusoidal_table
 from model.marian_format import UnsupportedCheckpoint, read_json, spm_pieces
 from model.transformer import Transformer
 
 SPECS = {"TransformerSpec": 8, "TransformerBase": 8, "TransformerBig": 16}  # encoder-decoder specs: default heads
-DTYPES: dict[int, Any] = {0: np.float32, 1: np.int8, 2: np.int16, 3: np.int32, 4: np.float16, 5: np.uint16}
-ITEM_DTYPES: dict[int, Any] = {4: np.float32, 2: np.int16, 1: np.int8}  # binary versions 1-3 give item sizes
 ACTIVATIONS = {0: "relu", 2: "swish", 3: "gelu"}  # CTranslate2's Activation enum; GELUTanh and others refused
 PAD_PIECES = ("<blank>", "<pad>")
 # Flags Tolk ignores, or accepts only when false/absent; anything else left over after the mapping is refused.
@@ -59,102 +56,6 @@ UNSUPPORTED = {  # a variable's name -> what it means, for the error message
     "input_layer_norm": "extra layer norms", "sliding_window": "sliding-window attention",
     "final_logit_softcapping": "logit soft-capping", "layer_scalar": "layer scalars",
 }
-
-
-def read_model_bin(path: Path) -> tuple[str, int, dict[str, Tensor]]:
-    """model.bin -> (spec name, spec revision, {name: tensor}), aliases resolved, tensors as stored."""
-    data = path.read_bytes()
-    at = 0
-
-    def take(n: int) -> bytes:
-        nonlocal at
-        if at + n > len(data):
-            raise UnsupportedCheckpoint(f"{path} is truncated ({len(data)} bytes, needs more than {at + n})")
-        at += n
-        return data[at - n : at]
-
-    def number(fmt: str) -> int:
-        return int(struct.unpack("<" + fmt, take(struct.calcsize(fmt)))[0])
-
-    def string() -> str:
-        return take(number("H"))[:-1].decode("utf-8")
-
-    version = number("I")
-    if not 1 <= version <= 6:
-        raise UnsupportedCheckpoint(f"{path}: binary version {version} is not one this import reads (1 to 6)")
-    spec, revision = (string(), number("I")) if version >= 2 else ("TransformerSpec", 1)
-    variables: dict[str, Tensor] = {}
-    for _ in range(number("I")):
-        name = string()
-        shape = [number("I") for _ in range(number("B"))]
-        if version >= 4:
-            dtype = DTYPES.get(number("B"))
-            size = number("I")
-        else:
-            item = number("B")
-            dtype, size = ITEM_DTYPES.get(item), number("I") * item
-        if dtype is None:
-            raise UnsupportedCheckpoint(f"{path}: variable {name} has a data type this import does not know")
-        array = np.frombuffer(take(size), dtype=dtype).reshape(shape)
-        tensor = torch.from_numpy(array.copy())
-        variables[name] = tensor.view(torch.bfloat16) if dtype is np.uint16 else tensor
-    if version >= 3:
-        for _ in range(number("I")):
-            alias, target = string(), string()
-            for suffix in ("", "_scale"):  # a quantized variable's alias shares its scale, as CTranslate2 does
-                if target + suffix in variables:
-                    variables[alias + suffix] = variables[target + suffix]
-    return spec, revision, variables
-
-
-def dequantized(variables: dict[str, Tensor]) -> dict[str, Tensor]:
-    """Every float variable as float32, quantized weights divided by their scales; scalars kept as they are."""
-    out: dict[str, Tensor] = {}
-    for name, value in variables.items():
-        if name.endswith("_scale") and name[: -len("_scale")] in variables:
-            continue
-        scale = variables.get(name + "_scale")
-        if scale is not None and value.dim() > 0:
-            scale = scale.float()
-            value = value.float() / (scale[:, None] if scale.dim() == 1 else scale)
-        elif value.is_floating_point():
-            value = value.float()
-        out[name] = value
-    return out
-
-
-def read_vocabularies(directory: Path) -> tuple[list[str], list[str]]:
-    """The source and target vocabularies (the same list twice when shared)."""
-
-    def read(side: str) -> list[str] | None:
-        if (directory / f"{side}_vocabulary.json").is_file():
-            return [str(t) for t in json.loads((directory / f"{side}_vocabulary.json").read_text(encoding="utf-8"))]
-        if (directory / f"{side}_vocabulary.txt").is_file():
-            return (directory / f"{side}_vocabulary.txt").read_text(encoding="utf-8").rstrip("\n").split("\n")
-        return None
-
-    shared = read("shared")
-    if shared is not None:
-        return shared, shared
-    source, target = read("source"), read("target")
-    if (directory / "source_vocabulary_1.json").is_file() or (directory / "source_vocabulary_1.txt").is_file():
-        raise UnsupportedCheckpoint("the model has several source vocabularies (source features)")
-    if source is None or target is None:
-        raise FileNotFoundError(f"{directory}: no shared_vocabulary.json/.txt, nor source_ and target_vocabulary")
-    return source, target
-
-
-def find_spm(directory: Path) -> tuple[Path, Path]:
-    """The source and target SentencePiece models: source.spm and target.spm, else one shared *.model."""
-    if (directory / "source.spm").is_file() and (directory / "target.spm").is_file():
-        return directory / "source.spm", directory / "target.spm"
-    models = sorted(directory.glob("*.model"))
-    if (directory / "sentencepiece.model").is_file():
-        models = [directory / "sentencepiece.model"]
-    if len(models) != 1:
-        raise FileNotFoundError(f"{directory}: no SentencePiece model (source.spm and target.spm, or one "
-                                "sentencepiece.model)")
-    return models[0], models[0]
 
 
 def positions_permutation(table: Tensor, stored: torch.dtype) -> list[int] | None:

@@ -16,7 +16,8 @@ import pytest
 import torch
 
 from model import checkpoint
-from model.ct2_import import import_ct2, permute_hidden, read_model_bin
+from model.ct2_format import read_model_bin
+from model.ct2_import import import_ct2, permute_hidden
 from model.generation import GenerationConfig
 from model.layers import sinusoidal_table
 from model.marian_format import UnsupportedCheckpoint
