@@ -92,7 +92,7 @@ class Packing:
         self.B, self.S = mask.shape
         self.index = mask.flatten().nonzero()[:, 0]  # (N,) positions of real tokens in the flattened batch
         self.attn_mask = mask[:, None, None, :]  # (B, 1, 1, S) True = real token
-        self.lengths = mask.sum(1).numpy() if mask.device.type == "cpu" else None  # (B,) real tokens per sentence
+        self.lengths = mask.sum(1).numpy() if mask.device.type == "cpu" else None  # (B,) int64 real tokens each
 
     def pad(self, x: Tensor) -> Tensor:
         """(N, F) real tokens -> (B, S, F), zeros at padding."""
@@ -129,8 +129,7 @@ class FrozenEncoderLayer:
     def _attend_packed(self, qkv: Tensor, B: int, S: int, packing: Packing | None) -> Tensor:
         """On the CPU in float32: each sentence's tokens over its own tokens alone (model.kernels.attend_packed, the
         fused encoder's attention), with no padding and no mask."""
-        lengths = packing.lengths if packing is not None and packing.lengths is not None else np.full(B, S, np.int64)
-        ns = lengths.astype(np.int64)
+        ns = packing.lengths if packing is not None and packing.lengths is not None else np.full(B, S, np.int64)
         starts = np.zeros(B, np.int64)
         np.cumsum(ns[:-1], out=starts[1:])
         out = qkv.new_empty(qkv.shape[0], qkv.shape[1] // 3)
