@@ -263,9 +263,8 @@ def attend_packed(qkv, starts, ns, H, out):  # type: ignore[no-untyped-def]  # p
     (N, 3 * D: each token's query, key and value) attend over their own sentence alone, into out (N, D).
 
     The encoder's attention (`encode`, and the operator-by-operator encoder on the CPU): no padding, no mask, and a
-    sentence's numbers never depend on what it is batched with. The attention alone, against padding the batch and
-    SDPA with a mask (256 test sentences' lengths, the shipped model's width and heads, 1 or 2 threads): 1.4-1.7x
-    faster at 4-8 sentences a batch, 2.3-3.6x at 32-64."""
+    sentence's numbers never depend on what it is batched with. Against padding the batch and SDPA with a mask:
+    `bench/encoder_attention.py`."""
     D = qkv.shape[1] // 3
     Dh = D // H
     none = np.empty(0, np.float32)
