@@ -12,7 +12,9 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import shlex
+import socket
 import subprocess
 import sys
 import threading
@@ -193,10 +195,15 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--podman", required=True, help="the podman command with its global options")
     parser.add_argument("--image", required=True)
-    parser.add_argument("--name", default="tolk-image-check")
-    parser.add_argument("--port", type=int, default=18000)
+    # Each run its own container name and port, so that two checks on one machine (two clones' CI) never meet.
+    parser.add_argument("--name", default=f"tolk-image-check-{os.getpid()}")
+    parser.add_argument("--port", type=int, default=0, help="the host port (default: a free one)")
     parser.add_argument("--ready-within", type=float, default=120.0, metavar="SECONDS")
     args = parser.parse_args()
+    if not args.port:
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            args.port = s.getsockname()[1]
     c = Container(shlex.split(args.podman), args.image, args.name, args.port)
     try:
         check(c, args.ready_within)

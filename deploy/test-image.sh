@@ -17,7 +17,9 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 PYTHON=${PYTHON:-.venv/bin/python}
 BASE=localhost/tolk-base:bookworm
-IMAGE=localhost/tolk:image-test
+# This run's own tag and container name: a second run on the machine (another clone's CI) never meets them.
+IMAGE=localhost/tolk:image-test-$$
+NAME=tolk-image-check-$$
 start=$SECONDS
 
 cannot() {
@@ -44,7 +46,7 @@ export CONTAINERS_CONF="$work/containers.conf"
 # runc and cgroupfs: no systemd needed (crun and the systemd cgroup manager are the defaults elsewhere)
 podman=(podman --runtime runc --cgroup-manager cgroupfs --events-backend file)
 cleanup() {
-    "${podman[@]}" rm --force --time 0 tolk-image-check >/dev/null 2>&1 || true
+    "${podman[@]}" rm --force --time 0 "$NAME" >/dev/null 2>&1 || true
     "${podman[@]}" rmi --force "$IMAGE" >/dev/null 2>&1 || true
     "${podman[@]}" image prune --force >/dev/null 2>&1 || true  # the build's intermediate images
     rm -rf "$work"
@@ -92,5 +94,5 @@ build_start=$SECONDS
 echo "test-image: built in $((SECONDS - build_start)) s ($("${podman[@]}" image inspect "$IMAGE" --format '{{.Size}}' \
     | awk '{printf "%.0f MB", $1 / 1e6}'))"
 
-"$PYTHON" deploy/check_image.py --podman "${podman[*]}" --image "$IMAGE"
+"$PYTHON" deploy/check_image.py --podman "${podman[*]}" --image "$IMAGE" --name "$NAME"
 echo "test-image: done in $((SECONDS - start)) s"

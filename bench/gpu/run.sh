@@ -26,15 +26,23 @@ set -uo pipefail
 cd "$(dirname "$0")/../.."
 DEVICE=cuda
 if [ "${1:-}" = "--device" ]; then DEVICE=$2; shift 2; fi
-OUT=${OUT:-/tmp/tolk-gpu-out}
 SITE=/tmp/tolk-site
 WORK=/tmp/tolk-gpu
+if [ "$DEVICE" = cpu ]; then
+    # The dry run keeps to a folder of its own and free ports, so that two on one machine (two clones' CI) never meet.
+    WORK=$(mktemp -d)
+    trap 'rm -rf "$WORK"' EXIT
+    SITE=$WORK/site
+    OUT=${OUT:-$WORK/out}
+fi
+OUT=${OUT:-/tmp/tolk-gpu-out}
 TRAIN_MINUTES=${TRAIN_MINUTES:-10}
 PY=${PYTHON:-python3}
 mkdir -p "$OUT" "$WORK"
 export PYTHONUNBUFFERED=1 PYTHONPATH="$SITE:$PWD${PYTHONPATH:+:$PYTHONPATH}"
 failed=()
 cpu() { [ "$DEVICE" = cpu ]; }
+free_port() { $PY -c "import socket; s = socket.socket(); s.bind(('127.0.0.1', 0)); print(s.getsockname()[1])"; }
 
 stage_setup() {
     if ! cpu && [ -d .whl ] && ls .whl/*.whl >/dev/null 2>&1; then
@@ -151,7 +159,7 @@ stage_profile() {
 
 stage_serve() {
     if cpu; then
-        $PY bench/serve.py --tiny --clients 1 4 --quick --out "$OUT/serve-dry.json"
+        $PY bench/serve.py --tiny --clients 1 4 --quick --port "$(free_port)" --out "$OUT/serve-dry.json"
         return
     fi
     local corpus
@@ -165,7 +173,7 @@ stage_latency() {
         $PY -c "from pathlib import Path; from tests.tiny import make_model_dir, corpus_lines; d = Path('$WORK/tiny'); \
 (d / 'config.json').exists() or make_model_dir(d); Path('$WORK/tiny.txt').write_text(chr(10).join(corpus_lines(80, seed=2)))" \
             && $PY bench/gpu/latency.py --model "$WORK/tiny" --sentences "$WORK/tiny.txt" --device cpu --dtype float32 \
-                --requests 2 --rounds 1 --variants process thread
+                --requests 2 --rounds 1 --variants process thread --port "$(free_port)"
         return
     fi
     local corpus
