@@ -1,0 +1,74 @@
+"""`tolk data distill`: WordNet's examples read from the package's own file format, held-out sentences kept out,
+translations resumed rather than redone, and the pairs cleaned as the corpus's are."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from model.data import distill
+from model.data.sources import wordnet_examples
+
+# Lines as `data.verb` of wordnet-base writes them: a licence header indented by two spaces, then one synset a
+# line, its gloss after the bar with the examples quoted.
+DATA_VERB = """\
+  1 This software and database is being provided to you, the LICENSEE, by "Princeton University"
+00001740 29 v 04 breathe 0 | draw air; "I can breathe better when the air is clean"; "The patient is breathing"
+00002084 29 v 01 respire 0 | undergo the biomedical process; "This archaebacterium respires"
+00002325 29 v 01 sleep 0 | be asleep; "%s the night"; "sleep"; "I forgot my keys at home."; "The baby sleeps all night"
+00002500 29 v 01 nap 0 | sleep briefly; "The baby sleeps all night"; "she napped after lunch"
+"""
+
+
+def make_wordnet(root: Path) -> Path:
+    data = root / wordnet_examples.DATA_ROOT
+    data.mkdir(parents=True)
+    (data / "data.verb").write_text(DATA_VERB, encoding="utf-8")
+    for name in ("data.noun", "data.adj", "data.adv"):
+        (data / name).write_text("", encoding="utf-8")
+    return root
+
+
+def test_examples_are_the_quoted_sentences_of_the_glosses_once_each(tmp_path: Path) -> None:
+    got = list(wordnet_examples.examples(make_wordnet(tmp_path)))
+    # not the licence header's quote, not a two-word example, not a frame with %s, not a one-word one; a repeat once
+    assert got == ["I can breathe better when the air is clean", "The patient is breathing",
+                   "This archaebacterium respires", "I forgot my keys at home.", "The baby sleeps all night",
+                   "she napped after lunch"]
+
+
+def test_held_out_sentences_are_not_translated(tmp_path: Path) -> None:
+    everyday = tmp_path / "everyday.en"
+    everyday.write_text("i forgot my KEYS at home\nThe weather is nice today.\n", encoding="utf-8")
+    held = distill.held_out_keys([everyday, tmp_path / "missing.en"])
+    sentences, dropped = distill.sentences_to_translate(make_wordnet(tmp_path / "wn"), held)
+    assert dropped == 1
+    assert "I forgot my keys at home." not in sentences and len(sentences) == 5
+
+
+def test_translations_resume_from_the_work_file(tmp_path: Path) -> None:
+    calls: list[str] = []
+
+    def translate(text: str) -> str:
+        calls.append(text)
+        return f"pt {text}\n(two lines)"
+
+    done_file = tmp_path / "done.tsv"
+    first = distill.translate_resumably(["one two three", "four five six"], done_file, translate, threads=2)
+    assert sorted(calls) == ["four five six", "one two three"]
+    assert first["one two three"] == "pt one two three (two lines)"  # one line, whatever the teacher wrote
+    calls.clear()
+    again = distill.translate_resumably(["one two three", "four five six", "seven eight nine"], done_file,
+                                        translate, threads=2)
+    assert calls == ["seven eight nine"]
+    assert {k: again[k] for k in first} == first
+
+
+def test_pairs_are_cleaned_as_the_corpus_is() -> None:
+    sentences = ["The patient is breathing", "This archaebacterium respires", "she napped after lunch"]
+    done = {"The patient is breathing": "O paciente está respirando",
+            "This archaebacterium respires": "This archaebacterium respires",  # the teacher gave up: untranslated
+            "she napped after lunch": "ela cochilou depois do almoço"}
+    kept, rejected = distill.clean_pairs(sentences, done)
+    assert kept == [("The patient is breathing", "O paciente está respirando"),
+                    ("she napped after lunch", "ela cochilou depois do almoço")]
+    assert rejected == {"identical": 1}
