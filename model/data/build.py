@@ -20,13 +20,14 @@ from . import apt
 from .clean import reject_reason, tokens
 from .notice import notice_line
 from .pairs import Pair, pairs_path, read_pairs, write_pairs
-from .sources import ddtp, firefox, gettext_catalogs, libreoffice, mallard_help
+from .sources import ddtp, firefox, gettext_catalogs, kde_docbook, libreoffice, mallard_help
 from .split import add_train_only, dedup, split_by_source
 
-SOURCES = ("gettext", "libreoffice", "ddtp", "firefox", "mallard")
-# Sources added after the dev and test splits were drawn: they join train (and a held-out split of their own, "prose"),
-# so that dev and test stay the same sentences and every score measured on them stays comparable.
-TRAIN_ONLY = ("mallard",)
+SOURCES = ("gettext", "libreoffice", "ddtp", "firefox", "mallard", "kde")
+# Sources added after the dev and test splits were drawn, in the order they came: they join train, so that dev and
+# test stay the same sentences and every score measured on them stays comparable. The first one also gives a held-out
+# split of its own, "prose", which later ones leave as it is.
+TRAIN_ONLY = ("mallard", "kde")
 SPLITS = ("train", "dev", "test", "prose")
 
 log = logging.getLogger("tolk.data")
@@ -67,6 +68,8 @@ def _collect(name: str, env: apt.AptEnv, work: Path, args: argparse.Namespace) -
         return firefox.collect(env, work), [firefox.EN_PACKAGE, firefox.PT_PACKAGE]
     if name == "mallard":
         return mallard_help.collect(env, work)
+    if name == "kde":
+        return kde_docbook.collect(env, work)
     raise ValueError(f"unknown source {name!r}")
 
 
@@ -153,6 +156,19 @@ def _index_label(filename: str) -> str:
     return tail.replace("%5f", "\0").replace("_", "/").replace("\0", "_")
 
 
+def join_train_only(splits: dict[str, list[Pair]], later: dict[str, list[Pair]], prose_size: int,
+                    max_per_source: int, seed: int) -> tuple[dict[str, list[Pair]], int]:
+    """The TRAIN_ONLY sources' pairs join train in TRAIN_ONLY's order; the first also holds out `prose`, which the
+    later ones leave as it is. Returns the splits and how many of these pairs were left after deduplication."""
+    extra = 0
+    for name in (n for n in TRAIN_ONLY if n in later):
+        pairs = dedup(later[name], max_per_source)
+        held = {"prose": prose_size} if name == TRAIN_ONLY[0] else {}
+        splits = add_train_only(splits, pairs, held, seed)
+        extra += len(pairs)
+    return splits, extra
+
+
 def main(args: argparse.Namespace) -> int:
     """Build the corpus; returns a process exit status."""
     started = time.monotonic()
@@ -168,19 +184,21 @@ def main(args: argparse.Namespace) -> int:
             for name in names}
     stats: dict[str, object] = {"sources": {}}
     cleaned: list[Pair] = []
-    later: list[Pair] = []
+    later: dict[str, list[Pair]] = {}
     for name, pairs in raw.items():
         kept, reasons = clean_pairs(pairs, args.max_tokens)
         stats["sources"][name] = {"raw": len(pairs), "clean": len(kept),  # type: ignore[index]
                                   "rejected": dict(reasons.most_common())}
-        (later if name in TRAIN_ONLY else cleaned).extend(kept)
+        if name in TRAIN_ONLY:
+            later[name] = kept
+        else:
+            cleaned.extend(kept)
     unique = dedup(cleaned, args.max_per_source)
     splits = split_by_source(unique, {"dev": args.dev_size, "test": args.test_size}, args.seed)
-    extra = dedup(later, args.max_per_source)
-    splits = add_train_only(splits, extra, {"prose": args.prose_size} if later else {}, args.seed)
+    splits, extra = join_train_only(splits, later, args.prose_size, args.max_per_source, args.seed)
     write_splits(out, splits)
     write_notice(out, env, work, used)
-    stats["after_dedup"] = len(unique) + len(extra)
+    stats["after_dedup"] = len(unique) + extra
     stats["splits"] = {name: split_stats(splits[name]) for name in SPLITS if name in splits}
     stats["packages"] = used
     stats["seconds"] = round(time.monotonic() - started)
