@@ -46,3 +46,25 @@ def test_dry_run_start_status_collect_join(tmp_path: Path) -> None:
         shipped_spm = (REPO / "weights" / "en-pt" / "source.spm").read_bytes()
         assert (tmp_path / "models" / name / "source.spm").read_bytes() == shipped_spm  # the shipped vocabulary
     assert not (tmp_path / "models" / "en-pt-medium").exists()  # scores only
+
+
+def test_pack_corpus_adds_extra_train_pairs_and_keeps_the_held_out_splits(tmp_path: Path) -> None:
+    import tarfile
+
+    corpus = write_corpus(tmp_path / "corpus")
+    extra = tmp_path / "distill"
+    extra.mkdir()
+    (extra / "train.en").write_text("the cow is fresh\nrevise a thesis\n", encoding="utf-8")
+    (extra / "train.pt").write_text("a vaca está fresca\nrevisar uma tese\n", encoding="utf-8")
+    archive = tmp_path / "corpus.tar.xz"
+    script("pack-corpus", "--corpus", corpus, "--out", archive, "--preset", "1", "--extra", f"{extra}:2")
+    with tarfile.open(archive) as tar:
+        files = {m.name: tar.extractfile(m).read().decode().splitlines() for m in tar.getmembers()}  # type: ignore[union-attr]
+    train = list(zip(files["train.en"], files["train.pt"], strict=True))
+    en, pt = ((corpus / f"train.{lang}").read_text().splitlines() for lang in ("en", "pt"))
+    before = list(zip(en, pt, strict=True))
+    assert sorted(train) == sorted(before + [("the cow is fresh", "a vaca está fresca"),
+                                             ("revise a thesis", "revisar uma tese")] * 2)
+    for split in ("dev", "test"):
+        for lang in ("en", "pt"):
+            assert files[f"{split}.{lang}"] == (corpus / f"{split}.{lang}").read_text().splitlines()

@@ -25,9 +25,11 @@ import hashlib
 import io
 import json
 import os
+import shutil
 import subprocess
 import sys
 import tarfile
+import tempfile
 import time
 import traceback
 from dataclasses import asdict, dataclass
@@ -68,10 +70,21 @@ def corpus_files(corpus: Path) -> list[Path]:
 
 
 def pack_corpus(args: argparse.Namespace) -> int:
-    """The corpus as one .tar.xz (flat names), for a machine without network."""
-    with tarfile.open(args.out, "w:xz", preset=args.preset) as tar:
-        for path in corpus_files(args.corpus):
-            tar.add(path, arcname=path.name)
+    """The corpus as one .tar.xz (flat names), for a machine without network; with `--extra`, those folders' train
+    pairs join the corpus's train split first (model.data.mix)."""
+    corpus = args.corpus
+    with tempfile.TemporaryDirectory() as tmp:
+        if args.extra:
+            from model.data.mix import mix, parse_part
+
+            corpus = Path(tmp)
+            count = mix([(args.corpus, 1), *(parse_part(x) for x in args.extra)], corpus, seed=5)
+            for lang in LANGUAGES:
+                shutil.copyfile(args.corpus / f"test.{lang}", corpus / f"test.{lang}")
+            print(f"train split with {', '.join(args.extra)}: {count} pairs")
+        with tarfile.open(args.out, "w:xz", preset=args.preset) as tar:
+            for path in corpus_files(corpus):
+                tar.add(path, arcname=path.name)
     print(f"wrote {args.out}: {args.out.stat().st_size / 1e6:.2f} MB")
     return 0
 
@@ -301,6 +314,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--corpus", type=Path, default=REPO / "data/corpus")
     p.add_argument("--out", type=Path, required=True)
     p.add_argument("--preset", type=int, default=6, help="xz level")
+    p.add_argument("--extra", nargs="*", default=[], metavar="DIR[:N]",
+                   help="folders whose train pairs join train, N times each (e.g. data/distill:2)")
     p.set_defaults(handler=pack_corpus)
     p = sub.add_parser("start", help="launch the trainings, detached, and return")
     p.add_argument("--corpus", type=Path, required=True, help="corpus directory or pack-corpus archive")
