@@ -4,7 +4,7 @@
 2. encoder: real source tokens per second encoding one, 16 or 64 sentences at a time, with the padding ratio that
    the packed encoder (model.frozen.Packing) no longer computes.
 3. argmax: torch's argmax against model.search.argmax (numpy's on the CPU), microseconds a call; and torch's topk
-   against model.search.top_k's chunk maxima, per vocabulary width.
+   against model.beams.top_k's chunk maxima, per vocabulary width.
 4. scores: offline greedy with and without token log-probs (GenerationConfig.scores), same tokens.
 5. memory: an OPUS-MT-geometry float32 model in a fresh process, before and after the modules' linear weights are
    released (measured first: memory freed later in the run stays with the allocator and would hide it).
@@ -29,7 +29,7 @@ from typing import Any
 import torch
 from decode import OPUS_MT_EN_DE
 
-from model import checkpoint, frozen, search
+from model import beams, checkpoint, frozen, search
 from model.decode import DecodeBatch
 from model.generation import GenerationConfig
 from model.transformer import Transformer
@@ -108,12 +108,12 @@ def argmax_speed() -> list[dict[str, float]]:
 
 
 def top_k_speed() -> list[dict[str, float]]:
-    """torch's topk against the chunk maxima of model.search.top_k (k = 8, beam 4's candidates), per width."""
+    """torch's topk against the chunk maxima of model.beams.top_k (k = 8, beam 4's candidates), per width."""
     rows = []
     for B, V in ((4, 8000), (32, 8000), (4, 16000), (32, 16000), (4, 32000), (32, 32000), (4, 58101), (32, 58101)):
         x = torch.randn(B, V)
         rows.append({"rows": B, "vocabulary": V, "torch_us": round(per_call_us(torch.topk, x, 8, n=200), 1),
-                     "chunked_us": round(per_call_us(search.top_k, x, 8, 256, 0, n=200), 1)})  # min_size 0: chunks
+                     "chunked_us": round(per_call_us(beams.top_k, x, 8, 256, 0, n=200), 1)})  # min_size 0: chunks
     return rows
 
 

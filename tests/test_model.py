@@ -13,13 +13,14 @@ from torch import nn
 from torch.ao.nn.quantized.dynamic import Linear as QuantizedLinear
 
 from model import checkpoint
+from model.beams import top_k
 from model.decode import DecodeBatch
 from model.events import FinishEvent, SentenceKey, TokenEvent
 from model.frozen import attend_one, freeze
 from model.generation import GenerationConfig
 from model.layers import ACTIVATION_FUNCTIONS
 from model.projection import Projection
-from model.search import admissible, argmax, beam_search, generate, greedy, sample, step, top_k
+from model.search import admissible, argmax, beam_search, generate, greedy, sample, step
 from model.transformer import Transformer
 from tests.tiny import tiny_config, tiny_model
 

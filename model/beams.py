@@ -1,0 +1,252 @@
+"""Beam search and constrained choices: what a step chooses beyond the argmax.
+
+`beam_step` advances every beam-search sequence (the 2k best continuations, k kept, rows reordered), keeping each
+sentence's finished hypotheses; `force_constraints` lets greedy rows with unmet glossary terms take a term's token
+(model.constraints). `model.search.step` calls them.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+from torch import Tensor
+
+from model.constraints import select_beams
+from model.decode import DecodeBatch, Sequence
+from model.events import Hypothesis
+
+# From this many logits on, `top_k` goes through chunk maxima; below, torch's topk is as fast or faster
+# (bench/levers.py, 1 and 2 threads, k = 8: 4 x 8,000 logits 53 against 145-224 us; 32 x 8,000 even, 0.85-1.23x;
+# 32 x 16,000 and up, the chunks 1.3-3.5x faster).
+CHUNKED_TOP_K_MIN = 1 << 18
+
+
+def top_k(x: Tensor, k: int, chunk: int = 256, min_size: int = CHUNKED_TOP_K_MIN) -> tuple[Tensor, Tensor]:
+    """x.topk(k, dim=-1) for rows (B, V); from min_size logits on through chunk maxima, 2 to 3 times faster on the
+    CPU at V = 58k.
+
+    The k best of a row lie in the k chunks with the best maxima (and the tail after the last whole chunk), so
+    one max pass over the row and two narrow top-ks replace a partial sort of every row.
+    """
+    B, V = x.shape
+    n_chunks = V // chunk
+    whole = n_chunks * chunk
+    if n_chunks <= k or min_size > x.numel():
+        return x.topk(k, dim=-1)
+    body = x[:, :whole].view(B, n_chunks, chunk)
+    best = body.amax(-1).topk(k, dim=-1).indices  # (B, k) chunks
+    cand = torch.cat([body.gather(1, best[..., None].expand(B, k, chunk)).view(B, k * chunk), x[:, whole:]], 1)
+    values, pos = cand.topk(k, dim=-1)
+    in_body = best.gather(1, (pos // chunk).clamp(max=k - 1)) * chunk + pos % chunk
+    return values, torch.where(pos < k * chunk, in_body, pos - k * chunk + whole)
+
+
+def beam_step(batch: DecodeBatch, beams: list[Sequence], logprobs: Tensor, tokens: Tensor,
+               sources: list[int] | None) -> None:
+    """Advance every beam-search sequence: pick the 2k best continuations, keep k, reorder rows.
+
+    A sequence's 2k best continuations are among the 2k best tokens of each of its beams, so one top-k per
+    row is the only pass over the vocabulary. The device and the host meet twice per group of beam sizes: the
+    candidates come up in one transfer and the choices go down in one, since on a GPU each crossing waits for
+    the device.
+    """
+    st = batch.state
+    device = logprobs.device
+    K = min(2 * max(s.beam for s in beams), logprobs.shape[1])
+    top_logprobs, top_tokens = top_k(logprobs, K)  # (n, K) best first
+    src_rows: list[int] = []
+    dst_rows: list[int] = []
+    new_tokens: list[int] = []
+    new_scores: list[float] = []
+    plain = [s for s in beams if s.constraints is None]
+    constrained = [s for s in beams if s.constraints is not None]
+    chosen = _advance_constrained(constrained, st.score, logprobs, top_logprobs, top_tokens, batch.cfg.eos_id,
+                                  sources) if constrained else []
+    for seq, picks in zip(constrained, chosen, strict=True):
+        for b, (beam, token, score) in enumerate(picks):
+            src_rows.append(seq.rows[beam])
+            dst_rows.append(seq.rows[b])
+            new_tokens.append(token)
+            new_scores.append(score)
+    host = device.type == "cpu"  # numpy there: its small indexing costs a few us where torch's costs 10-25
+    for k in sorted({s.beam for s in plain}):
+        group = [s for s in plain if s.beam == k]
+        m, c = len(group), min(2 * k, K)
+        if host:
+            rows_h = np.array([s.rows for s in group])  # (m, k)
+            cand_h = (st.score.numpy()[rows_h][..., None] + top_logprobs.numpy()[rows_h, :c]).reshape(m, k * c)
+            top_scores, top_ids = torch.from_numpy(cand_h).topk(2 * k, dim=-1)  # (m, 2k), ties as below
+            ids_h = top_ids.numpy()
+            scores, ids = top_scores.tolist(), ids_h.tolist()
+            toks = np.take_along_axis(top_tokens.numpy()[rows_h, :c].reshape(m, k * c), ids_h, 1).tolist()
+        else:
+            idx = torch.tensor([s.rows for s in group], device=device)  # (m, k)
+            cand = (st.score[idx][..., None] + top_logprobs[idx, :c]).view(m, k * c)
+            top_scores, top_ids = cand.topk(2 * k, dim=-1)  # (m, 2k)
+            cand_tokens = top_tokens[idx, :c].view(m, k * c).gather(1, top_ids)
+            # one transfer (float64 holds the float32 scores and every id exactly)
+            scores, ids, toks = torch.stack([top_scores.double(), top_ids.double(), cand_tokens.double()]).tolist()
+        for j, seq in enumerate(group):
+            cands = [(int(i) // c, int(t)) for i, t in zip(ids[j], toks[j], strict=True)]
+            picks = _advance_beams(seq, scores[j], cands, batch.cfg.eos_id, sources)
+            for b, (beam, token, score) in enumerate(picks):
+                src_rows.append(seq.rows[beam])
+                dst_rows.append(seq.rows[b])
+                new_tokens.append(token)
+                new_scores.append(score)
+    moved = [(s, d) for s, d in zip(src_rows, dst_rows, strict=True) if s != d]  # a beam kept in place: no copy
+    if host:
+        if moved:
+            batch.reorder(torch.tensor([s for s, _ in moved]), torch.tensor([d for _, d in moved]))
+        at = np.array(dst_rows)
+        tokens.numpy()[at] = new_tokens
+        st.score.numpy()[at] = new_scores
+        return
+    R, M = len(dst_rows), len(moved)
+    # one transfer down: rows, tokens, scores and the moves, as float64 (exact for each)
+    down = torch.tensor(dst_rows + new_tokens + new_scores + [s for s, _ in moved] + [d for _, d in moved],
+                        dtype=torch.float64).to(device)
+    ints = down.long()
+    if moved:
+        batch.reorder(ints[3 * R : 3 * R + M], ints[3 * R + M :])
+    rows = ints[:R]
+    tokens[rows] = ints[R : 2 * R]
+    st.score[rows] = down[2 * R : 3 * R].float()
+
+
+def _advance_beams(seq: Sequence, scores: list[float], cands: list[tuple[int, int]], eos: int,
+                   sources: list[int] | None) -> list[tuple[int, int, float]]:
+    """Host bookkeeping of one beam sequence: finished hypotheses, and the k beams that go on."""
+    k, lpen = seq.beam, seq.config.length_penalty
+    picks: list[tuple[int, int, float]] = []
+    for rank, (score, (beam, token)) in enumerate(zip(scores, cands, strict=True)):
+        if token == eos:
+            if rank < k:
+                hyp = seq.tokens[beam]
+                _add_hyp(seq, Hypothesis(list(hyp), score / (len(hyp) + 1) ** lpen, "eos", alignment(seq, beam)))
+        else:
+            picks.append((beam, token, score))
+        if len(picks) == k:
+            break
+    _extend(seq, [(b, t) for b, t, _ in picks], sources)
+    seq.scores = [s for _, _, s in picks]
+    return picks
+
+
+def alignment(seq: Sequence, beam: int) -> list[int] | None:
+    return list(seq.aligns[beam]) if seq.aligns is not None else None
+
+
+def _extend(seq: Sequence, picks: list[tuple[int, int]], sources: list[int] | None) -> None:
+    """The beams that go on, (beam they continue, token) each: their tokens and, when kept, alignments."""
+    if seq.aligns is not None and sources is not None:
+        seq.aligns = [seq.aligns[b] + [sources[seq.rows[b]]] for b, _ in picks]
+    seq.tokens = [seq.tokens[b] + [t] for b, t in picks]
+
+
+def force_constraints(batch: DecodeBatch, seqs: list[Sequence], logits: Tensor, tokens: Tensor,
+                       sources: list[int] | None) -> None:
+    """Greedy and sampled rows with unmet constraints: the model's token, or a constraint's (Constraints.choose).
+
+    Their model tokens, best logits and the logits of the tokens that advance their constraints come up in one
+    transfer; the tokens that change go down in one. Rows without constraints are not touched.
+    """
+    device = logits.device
+    eos = batch.cfg.eos_id
+    nexts = [s.constraints.next_tokens(s.progress[0]) or [eos] for s in seqs if s.constraints is not None]
+    width = max(len(t) for t in nexts)
+    rows = torch.tensor([s.rows[0] for s in seqs], device=device)
+    cand = torch.tensor([t + [t[0]] * (width - len(t)) for t in nexts], device=device)  # (m, width)
+    mine = logits[rows]  # (m, V)
+    up = torch.cat([tokens[rows, None].double(), mine.amax(-1, keepdim=True).double(),
+                    mine.gather(1, cand).double()], 1).tolist()
+    changed: list[tuple[int, int]] = []
+    for seq, nxt, (token, best, *starts) in zip(seqs, nexts, up, strict=True):
+        c = seq.constraints
+        if c is None:
+            continue
+        scored = dict(zip(nxt, starts, strict=False))
+        budget = c.limit(seq.src_len, seq.max_new) - seq.n_gen
+        before = seq.aligns[0][-1:] if seq.aligns is not None else []
+        looking = [*before, sources[seq.rows[0]]] if sources is not None and before else []
+        chosen, seq.progress[0] = c.choose(seq.progress[0], int(token), best, scored, budget, eos, looking)
+        if chosen != int(token):
+            changed.append((seq.rows[0], chosen))
+    if changed:
+        down = torch.tensor(changed, dtype=torch.long).to(device)
+        tokens[down[:, 0]] = down[:, 1]
+
+
+def _advance_constrained(seqs: list[Sequence], score: Tensor, logprobs: Tensor, top_logprobs: Tensor,
+                         top_tokens: Tensor, eos: int, sources: list[int] | None) -> list[list[tuple[int, int, float]]]:
+    """One beam-search step of the sentences with constraints (model.constraints.select_beams): per sentence the same
+    picks as `_advance_beams` returns, its hypotheses, beams and progress brought up to date.
+
+    Their rows' running scores, best tokens and the log-probs of the tokens that advance their constraints come up
+    in one transfer. The running scores are the device's: at the first step only beam 0 is alive there.
+    """
+    width = min(2 * max(s.beam for s in seqs), top_tokens.shape[1])
+    nexts = [s.constraints.next_tokens(p) or [eos] for s in seqs if s.constraints is not None for p in s.progress]
+    extra = max(len(t) for t in nexts)
+    rows = torch.tensor([r for s in seqs for r in s.rows], device=logprobs.device)
+    cand = torch.tensor([t + [t[0]] * (extra - len(t)) for t in nexts], device=logprobs.device)  # (rows, extra)
+    up = torch.cat([score[rows, None].double(), top_tokens[rows, :width].double(), top_logprobs[rows, :width].double(),
+                    logprobs[rows[:, None], cand].double()], 1).tolist()
+    out = []
+    at = 0
+    for seq in seqs:
+        c, k = seq.constraints, seq.beam
+        if c is None:
+            raise RuntimeError("a sentence without constraints took the constrained beam path")
+        w = min(2 * k, width)
+        mine, nxt = up[at:at + k], nexts[at:at + k]
+        at += k
+        options = [list(zip(map(int, r[1:w + 1]), r[width + 1:width + w + 1], strict=True))
+                   + list(zip(n, r[2 * width + 1:], strict=False)) for r, n in zip(mine, nxt, strict=True)]
+        budget = c.limit(seq.src_len, seq.max_new) - seq.n_gen - 1
+        picks, ended = select_beams(c, k, [r[0] for r in mine], seq.progress, options, eos, budget)
+        lpen = seq.config.length_penalty
+        for beam, total in ended:
+            hyp = seq.tokens[beam]
+            _add_hyp(seq, Hypothesis(list(hyp), total / (len(hyp) + 1) ** lpen, "eos", alignment(seq, beam)))
+        _extend(seq, [(x.beam, x.token) for x in picks], sources)
+        seq.scores = [x.score for x in picks]
+        seq.progress = [x.progress for x in picks]
+        out.append([(x.beam, x.token, x.score) for x in picks])
+    return out
+
+
+def _add_hyp(seq: Sequence, hyp: Hypothesis) -> None:
+    seq.hyps.append(hyp)
+    seq.hyps.sort(key=lambda h: -h.score)
+    del seq.hyps[seq.beam :]
+
+
+def _beam_done(seq: Sequence) -> bool:
+    best: float = max(seq.scores) / seq.n_gen ** seq.config.length_penalty  # transformers' early_stopping=False
+    c = seq.constraints
+    if c is not None and seq.hyps and not all(c.satisfied(p) for p in seq.progress):
+        # Beams that still owe constraints may never end: waiting for k hypotheses ran sentences to their length
+        # limit. Stop when no beam still going scores above the best one.
+        return seq.hyps[0].score >= best
+    if len(seq.hyps) < seq.beam:
+        return False
+    return seq.hyps[-1].score >= best
+
+
+def finish_beam(seq: Sequence) -> list[Hypothesis] | None:
+    if _beam_done(seq):
+        return seq.hyps[: seq.config.num_hypotheses]
+    if seq.n_gen < seq.max_new:
+        return None
+    lpen = seq.config.length_penalty
+    c = seq.constraints
+    met = [c.satisfied(p) for p in seq.progress] if c is not None else [True] * seq.beam
+    if not any(met) and not seq.hyps:  # the length budget could not hold the constraints: better than nothing
+        met = [True] * seq.beam
+    for beam, (toks, score, ok) in enumerate(zip(seq.tokens, seq.scores, met, strict=True)):
+        if not ok:
+            continue
+        # scored as if closed by an end-of-sentence, like transformers' forced_eos_token_id (Marian)
+        _add_hyp(seq, Hypothesis(toks, score / (len(toks) + 1) ** lpen, "length", alignment(seq, beam)))
+    return seq.hyps[: seq.config.num_hypotheses]
