@@ -22,9 +22,9 @@ import argparse
 import json
 import logging
 import time
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Callable
 
 from . import apt
 from .clean import normalize, reject_reason

@@ -11,7 +11,7 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-from .clean import collapse_ws
+from .clean import collapse_ws, normalize
 
 
 @dataclass(frozen=True)
@@ -22,6 +22,26 @@ class Pair:
     pt: str
     source: str
     package: str
+
+
+def unique_pairs(source: str,
+                 packages: Iterable[tuple[str, Iterable[tuple[str, str]]]]) -> tuple[list[Pair], list[str]]:
+    """Documentation pairs, package by package: normalised (no markup or accelerators to strip in such text), each
+    (English, Portuguese) once, untranslated ones left out; and the packages that gave any."""
+    out: list[Pair] = []
+    used: list[str] = []
+    seen: set[tuple[str, str]] = set()
+    for package, raw in packages:
+        before = len(out)
+        for en_raw, pt_raw in raw:
+            en = normalize(en_raw, markup=False, accelerators=False)
+            pt = normalize(pt_raw, markup=False, accelerators=False)
+            if en and pt and en != pt and (en, pt) not in seen:
+                seen.add((en, pt))
+                out.append(Pair(en, pt, source, package))
+        if len(out) > before:
+            used.append(package)
+    return out, used
 
 
 def pairs_path(work: Path, source: str) -> Path:

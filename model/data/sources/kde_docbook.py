@@ -17,8 +17,8 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from .. import apt
-from ..clean import collapse_ws, normalize
-from ..pairs import Pair
+from ..clean import collapse_ws
+from ..pairs import Pair, unique_pairs
 from ..segment import split_aligned
 
 NAME = "kde"
@@ -175,22 +175,10 @@ def collect(env: apt.AptEnv, work: Path) -> tuple[list[Pair], list[str]]:
     custom = apt.extract(tools, work / "extract" / ENTITIES_PACKAGE, [f"./{CUSTOMIZATION}/*"]) / CUSTOMIZATION
     tables = {folder: entity_table(custom, language) for folder, language in LANGUAGES.items()}
     debs = apt.download_many(env, list(PACKAGES))
-    out: list[Pair] = []
-    used: list[str] = []
-    seen: set[tuple[str, str]] = set()
     stats: Counter[str] = Counter()
-    for name, deb in debs.items():
-        root = apt.extract(deb, work / "extract" / f"kde-{name}",
-                           [f"./{DOC_ROOT}/en/*.docbook", f"./{DOC_ROOT}/pt_BR/*.docbook"])
-        before = len(out)
-        for en_raw, pt_raw in handbook_pairs(root, tables, stats):
-            en = normalize(en_raw, markup=False, accelerators=False)
-            pt = normalize(pt_raw, markup=False, accelerators=False)
-            if en and pt and en != pt and (en, pt) not in seen:
-                seen.add((en, pt))
-                out.append(Pair(en, pt, NAME, name))
-        if len(out) > before:
-            used.append(name)
+    patterns = [f"./{DOC_ROOT}/en/*.docbook", f"./{DOC_ROOT}/pt_BR/*.docbook"]
+    out, used = unique_pairs(NAME, ((name, handbook_pairs(apt.extract(deb, work / "extract" / f"kde-{name}", patterns),
+                                                          tables, stats)) for name, deb in debs.items()))
     if used:
         used.append(ENTITIES_PACKAGE)
     log.info("kde: %d pairs from %d packages (%s)", len(out), len(used), dict(stats))

@@ -15,8 +15,8 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from .. import apt
-from ..clean import collapse_ws, normalize
-from ..pairs import Pair
+from ..clean import collapse_ws
+from ..pairs import Pair, unique_pairs
 from ..segment import split_aligned
 
 NAME = "mallard"
@@ -99,21 +99,10 @@ def help_pairs(root: Path, stats: Counter[str]) -> Iterator[tuple[str, str]]:
 def collect(env: apt.AptEnv, work: Path) -> tuple[list[Pair], list[str]]:
     """Unique pairs from every package's help, and the packages that gave any."""
     debs = apt.download_many(env, list(PACKAGES))
-    out: list[Pair] = []
-    used: list[str] = []
-    seen: set[tuple[str, str]] = set()
     stats: Counter[str] = Counter()
-    for name, deb in debs.items():
-        root = apt.extract(deb, work / "extract" / name, [f"./{HELP_ROOT}/C/*", f"./{HELP_ROOT}/pt_BR/*"])
-        before = len(out)
-        for en_raw, pt_raw in help_pairs(root, stats):
-            en = normalize(en_raw, markup=False, accelerators=False)
-            pt = normalize(pt_raw, markup=False, accelerators=False)
-            if en and pt and en != pt and (en, pt) not in seen:
-                seen.add((en, pt))
-                out.append(Pair(en, pt, NAME, name))
-        if len(out) > before:
-            used.append(name)
+    patterns = [f"./{HELP_ROOT}/C/*", f"./{HELP_ROOT}/pt_BR/*"]
+    out, used = unique_pairs(NAME, ((name, help_pairs(apt.extract(deb, work / "extract" / name, patterns), stats))
+                                    for name, deb in debs.items()))
     log.info("mallard: %d pairs from %d packages (%d pages aligned, %d skipped: structures differ)", len(out),
              len(used), stats["pages"], stats["pages_misaligned"])
     return out, used
