@@ -2,7 +2,8 @@
 # Builds, here, what bench/gpu/run.sh needs carried to the GPU machine (which has no network), in git-ignored
 # folders that each run names in `carry`:
 #   .whl/      the server's packages the GPU image lacks, as wheels for its Python 3.12 (about 8 MB)
-#   .gpudata/  the training corpus, one .tar.xz (about 8 MB; needs data/corpus: `tolk data build`)
+#   .gpudata/  the training corpus, one .tar.xz (about 10 MB; needs data/corpus: `tolk data build`); with
+#              TRAIN_EXTRA=data/distill:2 (after `tolk data distill`) those pairs join its train split
 #   .ct2a/ .ct2b/  CTranslate2 recompressed (xz) and cut in two halves of about 12 MB, one per run: a run carries
 #              at most 64 MiB with the working tree (about 38 MB), too little for the whole 43 MB wheel at once;
 #              run.sh's setup keeps the halves on the machine and installs CTranslate2 once both have come
@@ -40,7 +41,9 @@ for name in "${names[@]}"; do specs+=("$(pinned "$name")"); done
 download .whl "${specs[@]}"
 
 rm -rf .gpudata && mkdir -p .gpudata
-PYTHONPATH=. "$PY" bench/gpu/train.py pack-corpus --corpus data/corpus --out .gpudata/corpus.tar.xz
+# shellcheck disable=SC2086  # TRAIN_EXTRA: one word per DIR[:N]
+PYTHONPATH=. "$PY" bench/gpu/train.py pack-corpus --corpus data/corpus --out .gpudata/corpus.tar.xz \
+    ${TRAIN_EXTRA:+--extra $TRAIN_EXTRA}
 
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
