@@ -26,9 +26,10 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-from . import apt
-from .clean import normalize, reject_reason
+from . import apt, build
+from .clean import MAX_TOKENS, normalize
 from .notice import deb_version
+from .pairs import Pair
 from .sources import wordnet_examples
 from .split import source_key
 
@@ -104,17 +105,12 @@ def sentences_to_translate(root: Path, held: set[str]) -> tuple[list[str], int]:
 
 
 def clean_pairs(sentences: list[str], done: dict[str, str]) -> tuple[list[tuple[str, str]], dict[str, int]]:
-    """The translated sentences through the corpus's cleaning: the pairs kept, and why the others were not."""
-    kept: list[tuple[str, str]] = []
-    rejected: dict[str, int] = {}
-    for en in sentences:
-        src, tgt = normalize(en), normalize(done[en])
-        reason = reject_reason(src, tgt)
-        if reason is None:
-            kept.append((src, tgt))
-        else:
-            rejected[reason] = rejected.get(reason, 0) + 1
-    return kept, rejected
+    """The translated sentences through the corpus's cleaning (`build.clean_pairs`): the pairs kept, and why the
+    others were not."""
+    pairs = [Pair(normalize(en), normalize(done[en]), wordnet_examples.NAME, wordnet_examples.PACKAGE)
+             for en in sentences]
+    kept, reasons = build.clean_pairs(pairs, MAX_TOKENS)
+    return [(p.en, p.pt) for p in kept], dict(reasons)
 
 
 def main(args: argparse.Namespace) -> int:
@@ -132,9 +128,8 @@ def main(args: argparse.Namespace) -> int:
     (work / "distill").mkdir(parents=True, exist_ok=True)
     done = translate_resumably(sentences, work / "distill" / "wordnet.en-pt.tsv", teacher(), args.threads)
     kept, rejected = clean_pairs(sentences, done)
-    out.mkdir(parents=True, exist_ok=True)
-    for lang, column in (("en", 0), ("pt", 1)):
-        (out / f"train.{lang}").write_text("".join(pair[column] + "\n" for pair in kept), encoding="utf-8")
+    train = [Pair(en, pt, wordnet_examples.NAME, wordnet_examples.PACKAGE) for en, pt in kept]
+    build.write_splits(out, {"train": train})
     (out / "NOTICE").write_text(
         "Tolk distilled pairs: sources\n\n"
         f"English: the usage examples of WordNet 3.0, Debian package {wordnet_examples.PACKAGE} {deb_version(deb)}, "

@@ -15,8 +15,8 @@ from pathlib import Path
 
 
 def parse_part(text: str) -> tuple[Path, int]:
-    folder, _, times = text.rpartition(":") if text.rpartition(":")[2].isdigit() else (text, "", "1")
-    return Path(folder), int(times)
+    folder, sep, times = text.rpartition(":")
+    return (Path(folder), int(times)) if sep and times.isdigit() else (Path(text), 1)
 
 
 def mix(parts: list[tuple[Path, int]], out: Path, seed: int, languages: tuple[str, str] = ("en", "pt")) -> int:
