@@ -25,6 +25,7 @@ set -x
 "$PYTHON" bench/admission.py
 "$PYTHON" bench/fused_step.py
 "$PYTHON" bench/encoder_attention.py --check
+"$PYTHON" bench/one_sentence.py
 "$PYTHON" bench/one_row.py
 "$PYTHON" bench/int8_products.py
 "$PYTHON" bench/int8_ranges.py
