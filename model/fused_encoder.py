@@ -1,14 +1,18 @@
-"""The CPU encoder of short sentences as one compiled loop nest (numba), with the cross-attention K/V of every
-decoder layer: what `FrozenTransformer.encode_cross` computes, without PyTorch's cost per operator.
+"""The CPU encoder as one compiled loop nest (numba), with the cross-attention K/V of every decoder layer: what
+`FrozenTransformer.encode_cross` computes, without PyTorch's cost per operator.
 
 The operator-by-operator encoder of a short sentence is mostly fixed costs: 25 products whose cost per call
 dominates at a few rows, and a few dozen small operators. Measured on the shipped model (one thread, the 2-core AVX2
-EPYC, the two alternating in one process, an ad hoc script): in float32 this encoder is faster at every length up
-to 28 tokens (1.2-1.9x); in int8 only up to about 10 tokens (6 tokens: 1.45 against 2.04 ms), since from there
-fbgemm's int8 arithmetic beats float arithmetic (AVX2 without VNNI does int8 products at about twice the rate of
-float32 ones). So sentences of at most `MAX_TOKENS` (float32) or `MAX_TOKENS_INT8` tokens are encoded here, each
-the same way whatever else is admitted with it: a sentence's numbers depend on its own length, never on its
-neighbours'.
+EPYC, the two alternating in one process, ad hoc scripts):
+- float32: this encoder is faster at every length up to 28 tokens (1.2-1.9x), so sentences of at most
+  `MAX_TOKENS` tokens are encoded here;
+- int8 through AVX2's byte products (`model.kernels._dot_u8s8`): faster at every length, one sentence at a time
+  (2.1x at up to 7 tokens, 1.4x at 16-23, 1.0x at 100), so every sentence is encoded here. Admissions of many
+  sentences are cut over the torch threads (`SPLIT_MIN_TOKENS`): a batch of 32 test sentences took 0.59x the
+  operator encoder's speed on 2 threads when it ran on one;
+- int8 without AVX2 (float arithmetic on int8 weights): faster up to about 10 tokens only, so `MAX_TOKENS_INT8`.
+Each sentence goes the way its own length says, whatever else is admitted with it, and its rows are computed on
+their own: a sentence's numbers never depend on its neighbours' or on how an admission is cut.
 
 Products are the fused decode step's (`model.kernels._product`): float32 as they are; int8 with the same int8
 weights and fixed input ranges as fbgemm's, exact integer sums scaled as fbgemm scales them (per output channel
@@ -18,6 +22,7 @@ here, as the encoder's weights are quantized). Attention runs over each sentence
 
 from __future__ import annotations
 
+from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING, Any, cast
 
 import numpy as np
@@ -26,7 +31,7 @@ from torch import Tensor
 from torch.ao.nn.quantized.dynamic import Linear as QuantizedLinear
 
 from model.fused_step import MAX_WEIGHT_BYTES, _weights, input_ranges
-from model.kernels import ACTIVATIONS
+from model.kernels import ACTIVATIONS, INT8_DOT, weight_sums
 from model.kernels import encode as _encode
 
 if TYPE_CHECKING:
@@ -36,7 +41,9 @@ if TYPE_CHECKING:
     from model.transformer import Transformer
 
 MAX_TOKENS = 24  # sentences of at most this many tokens are encoded here in float32 (module docstring)
-MAX_TOKENS_INT8 = 8  # and in int8
+MAX_TOKENS_INT8 = 8  # and in int8 without AVX2; with it, every sentence
+SPLIT_MIN_TOKENS = 64  # admissions of at least this many tokens are cut over the torch threads
+_pool: ThreadPoolExecutor | None = None
 PRODUCTS = ("qkv", "o", "fc1", "fc2")
 
 
@@ -46,7 +53,8 @@ class FusedEncoder:
     def __init__(self, arrays: dict[str, np.ndarray], projections: dict[str, Projection], net: FrozenTransformer,
                  pre: bool, act: int, eps: float) -> None:
         self.arrays, self.projections, self.net = arrays, projections, net
-        self.max_tokens = MAX_TOKENS_INT8 if arrays["w_qkv"].dtype == np.int8 else MAX_TOKENS
+        int8 = arrays["w_qkv"].dtype == np.int8
+        self.max_tokens = MAX_TOKENS if not int8 else net.cfg.max_positions if INT8_DOT else MAX_TOKENS_INT8
         self.pre, self.act, self.eps = pre, act, eps
         self.args: tuple[Any, ...] | None = None  # `_encode`'s weight arguments, while usable
         self.usable: bool | None = None
@@ -77,6 +85,8 @@ class FusedEncoder:
         if kv is None:
             return None
         arrays["w_kv"], arrays["s_kv"], arrays["b_kv"] = kv
+        for name in (*PRODUCTS, "kv"):
+            arrays[f"c_{name}"] = weight_sums(arrays[f"w_{name}"])
         norms = [[layer.self_res.norm, layer.ff_res.norm] for layer in encoder]
         arrays["norm_w"] = np.stack([[n.weight.detach().numpy() for n in ns] for ns in norms]).astype(np.float32)
         arrays["norm_b"] = np.stack([[n.bias.detach().numpy() for n in ns] for ns in norms]).astype(np.float32)
@@ -97,7 +107,7 @@ class FusedEncoder:
     def _args(self, quant: dict[str, np.ndarray]) -> tuple[Any, ...]:
         a = self.arrays
         products = [x for name in (*PRODUCTS, "kv")
-                    for x in (a[f"w_{name}"], a[f"s_{name}"], a[f"b_{name}"], quant[name])]
+                    for x in (a[f"w_{name}"], a[f"s_{name}"], a[f"b_{name}"], quant[name], a[f"c_{name}"])]
         return (self.net.cfg.n_heads, a["norm_w"], a["norm_b"], np.float32(self.eps), self.pre, a["final_w"],
                 a["final_b"], self.act, *products)
 
@@ -125,8 +135,43 @@ class FusedEncoder:
         K/V (N, L * 2 * D) in the same order."""
         if self.args is None:
             raise RuntimeError("the fused encoder runs only once ready() says so")
+        xs = np.ascontiguousarray(x.numpy())  # overwritten
+        kv = torch.empty(x.shape[0], self.arrays["w_kv"].shape[0])
+        out = kv.numpy()
+        threads = torch.get_num_threads() if x.shape[0] >= SPLIT_MIN_TOKENS else 1
+        parts = split(lengths, threads)
+        if len(parts) > 1:  # the compiled function releases the GIL: the parts run at once
+            global _pool
+            if _pool is None:
+                _pool = ThreadPoolExecutor(thread_name_prefix="tolk-encoder")
+            waits = [_pool.submit(self._encode, xs, out, part) for part in parts[1:]]
+            self._encode(xs, out, parts[0])
+            for wait in waits:
+                wait.result()
+        else:
+            self._encode(xs, out, parts[0])
+        return kv
+
+    def _encode(self, x: np.ndarray, out: np.ndarray, part: tuple[int, list[int]]) -> None:
+        """The sentences of these lengths whose tokens start at row `first` of x, into the same rows of out."""
+        first, lengths = part
         ns = np.array(lengths, np.int64)
         starts = np.concatenate([[0], np.cumsum(ns)[:-1]]).astype(np.int64)
-        kv = torch.empty(x.shape[0], self.arrays["w_kv"].shape[0])
-        _encode(np.ascontiguousarray(x.numpy()), starts, ns, *self.args, kv.numpy())  # type: ignore[call-arg]
-        return kv
+        rows = slice(first, first + int(ns.sum()))
+        _encode(x[rows], starts, ns, *self.args, out[rows])  # type: ignore[call-arg, misc]
+
+
+def split(lengths: list[int], parts: int) -> list[tuple[int, list[int]]]:
+    """Consecutive sentences cut into at most `parts` runs of about as many tokens each: (first row, lengths)."""
+    total = sum(lengths)
+    runs: list[tuple[int, list[int]]] = []
+    first, current, done = 0, [], 0
+    for n in lengths:
+        current.append(n)
+        done += n
+        if done * parts >= total * (len(runs) + 1) and len(runs) < parts - 1:
+            runs.append((first, current))
+            first, current = done, []
+    if current:
+        runs.append((first, current))
+    return runs

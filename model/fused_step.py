@@ -21,7 +21,7 @@ import torch
 from torch import Tensor
 from torch.ao.nn.quantized.dynamic import Linear as QuantizedLinear
 
-from model.kernels import ACTIVATIONS, EXACT_SUM_TERMS
+from model.kernels import ACTIVATIONS, EXACT_SUM_TERMS, weight_sums
 from model.kernels import step as _step
 from model.projection import int8_weight_bias, stacked_bias
 
@@ -131,6 +131,8 @@ class FusedStep:
         if model.out_bias is not None:
             b_out = b_out + model.out_bias.detach().float().numpy()
         arrays["b_out"] = b_out.astype(np.float32)
+        for name in (*PRODUCTS, "out"):
+            arrays[f"c_{name}"] = weight_sums(arrays[f"w_{name}"])
         norms = [[layer.self_res.norm, layer.cross_res.norm, layer.ff_res.norm] for layer in decoder]
         arrays["norm_w"] = np.stack([[n.weight.detach().numpy() for n in ns] for ns in norms]).astype(np.float32)
         arrays["norm_b"] = np.stack([[n.bias.detach().numpy() for n in ns] for ns in norms]).astype(np.float32)
@@ -179,7 +181,7 @@ class FusedStep:
         """`_step`'s arguments after the cache's: the weights, settings and input ranges, built once."""
         a = self.arrays
         products = [x for name in (*PRODUCTS, "out")
-                    for x in (a[f"w_{name}"], a[f"s_{name}"], a[f"b_{name}"], quant[name])]
+                    for x in (a[f"w_{name}"], a[f"s_{name}"], a[f"b_{name}"], quant[name], a[f"c_{name}"])]
         return (a["table"], a["positions"], emb_scale, a["norm_w"], a["norm_b"], np.float32(self.eps), self.pre,
                 a["final_w"], a["final_b"], self.act, *products)
 

@@ -19,14 +19,91 @@ removed: cached functions that call parallel ones can crash when loaded from num
 from __future__ import annotations
 
 import math
+import platform
+from typing import Any, cast
 
 import numpy as np
-from numba import njit
+from llvmlite import binding as llvm
+from llvmlite import ir
+from numba import njit, types
+from numba.core import cgutils, config
+from numba.core.extending import intrinsic
 
 # Reassociation lets sums vectorise; no "nnan"/"ninf": masked attention scores are -inf.
 FAST = {"nsz", "arcp", "contract", "reassoc"}
 ACTIVATIONS = {None: 0, "relu": 1, "gelu": 2, "swish": 3}
 EXACT_SUM_TERMS = 1024  # int8 sums of at most this many terms are exact in float32 (127 * 128 * 1024 < 2^24)
+
+
+def _compiles_avx2() -> bool:
+    """Whether numba compiles for a CPU with AVX2: its host, unless NUMBA_CPU_NAME or NUMBA_CPU_FEATURES say
+    otherwise (a portable cache)."""
+    if platform.machine().lower() not in ("x86_64", "amd64"):
+        return False
+    features, name = getattr(config, "CPU_FEATURES", None), getattr(config, "CPU_NAME", None)
+    if features is not None:
+        return "+avx2" in str(features).split(",")
+    return name in (None, "host") and bool(llvm.get_host_cpu_features().get("avx2", False))
+
+
+# int8 products with fixed input ranges go through `_dot_u8s8` where the CPU has AVX2 (their K a multiple of 32)
+INT8_DOT = _compiles_avx2()
+_I8, _I16, _I32 = ir.IntType(8), ir.IntType(16), ir.IntType(32)
+_V32I8, _V16I16, _V8I32 = ir.VectorType(_I8, 32), ir.VectorType(_I16, 16), ir.VectorType(_I32, 8)
+
+
+def _emit_dots(context: Any, builder: Any, signature: Any, args: Any, count: int) -> list[Any]:
+    """The IR of `count` byte dot products of x against consecutive rows of w, the blocks of x loaded once for all:
+    args (x, x offset, w, w offset, w row stride, blocks), offsets in bytes from each array's data."""
+    x, x_at, w, w_at, stride, blocks = args
+    if signature.args[0].dtype.bitwidth != 8 or signature.args[2].dtype.bitwidth != 8:
+        return [ir.Constant(_I32, 0)] * count  # float weights: a branch `_product` never takes
+
+    def declare(name: str, ret: Any, *params: Any) -> Any:
+        return cast(Any, cgutils).get_or_insert_function(builder.module, ir.FunctionType(ret, params), name)
+
+    ubsw = declare("llvm.x86.avx2.pmadd.ub.sw", _V16I16, _V32I8, _V32I8)
+    wd = declare("llvm.x86.avx2.pmadd.wd", _V8I32, _V16I16, _V16I16)
+    reduce = declare("llvm.vector.reduce.add.v8i32", _I32, _V8I32)
+
+    def start(array: Any, aty: Any, at: Any) -> Any:
+        return builder.gep(builder.bitcast(context.make_array(aty)(context, builder, array).data, _I8.as_pointer()),
+                           [at])
+
+    xp, w0 = start(x, signature.args[0], x_at), start(w, signature.args[2], w_at)
+    wps = [builder.gep(w0, [builder.mul(stride, ir.Constant(stride.type, c))]) for c in range(count)]
+    ones = ir.Constant(_V16I16, [1] * 16)
+    accs = [cast(Any, cgutils).alloca_once_value(builder, ir.Constant(_V8I32, [0] * 8)) for _ in range(count)]
+    with cgutils.for_range(builder, blocks) as loop:
+        at = builder.mul(loop.index, ir.Constant(loop.index.type, 32))
+        xv = builder.load(builder.bitcast(builder.gep(xp, [at]), _V32I8.as_pointer()), align=1)
+        for wp, acc in zip(wps, accs, strict=True):
+            wv = builder.load(builder.bitcast(builder.gep(wp, [at]), _V32I8.as_pointer()), align=1)
+            pairs = builder.call(ubsw, [xv, wv])  # 32 products added in pairs into 16 bits, saturating
+            builder.store(builder.add(builder.load(acc), builder.call(wd, [pairs, ones])), acc)
+    return [builder.call(reduce, [builder.load(acc)]) for acc in accs]
+
+
+@intrinsic
+def _dot_u8s8(typingctx, x, x_at, w, w_at, blocks):  # type: ignore[no-untyped-def]  # pragma: no cover - compiled
+    """The sum over k < 32 * blocks of x[x_at + k] * w[w_at + k], bytes of x unsigned and of w signed, as an int32.
+
+    AVX2's byte product (`vpmaddubsw`: 32 products added in pairs into 16-bit sums, saturating, as in fbgemm's
+    int8 product) and `vpmaddwd` with ones into eight 32-bit sums, added up at the end. Offsets count bytes. Typed
+    for any arrays, so that a product with float32 weights compiles the branch it never takes."""
+    def codegen(context, builder, signature, args):  # type: ignore[no-untyped-def]
+        x, x_at, w, w_at, blocks = args  # one row: any stride will do
+        return _emit_dots(context, builder, signature, [x, x_at, w, w_at, blocks, blocks], 1)[0]
+    return types.int32(x, x_at, w, w_at, blocks), codegen
+
+
+@intrinsic
+def _dot4_u8s8(typingctx, x, x_at, w, w_at, w_stride, blocks):  # type: ignore[no-untyped-def]  # pragma: no cover
+    """`_dot_u8s8` of x against four rows of w (w_at, w_at + w_stride, ...): each block of x is loaded once for the
+    four. Returns the four sums."""
+    def codegen(context, builder, signature, args):  # type: ignore[no-untyped-def]
+        return context.make_tuple(builder, signature.return_type, _emit_dots(context, builder, signature, args, 4))
+    return cast(Any, types).UniTuple(types.int32, 4)(x, x_at, w, w_at, w_stride, blocks), codegen
 
 
 @njit(fastmath=FAST, nogil=True, cache=True)
@@ -41,14 +118,22 @@ def _act(v: float, kind: int) -> float:  # pragma: no cover - compiled
 
 
 @njit(fastmath=FAST, nogil=True, cache=True)
-def _product(x, w, scale, bias, quant, act, res, y):  # type: ignore[no-untyped-def]  # pragma: no cover - compiled
+def _product(x, w, scale, bias, quant, sums, act, res, y):  # type: ignore[no-untyped-def]  # pragma: no cover
     """y (B, N) = act(x (B, K) @ w (N, K).T * scale + bias) [+ res].
 
     quant = (1 / input scale, input scale, zero point, on): when on, x is quantized to 0..255 around the zero point
-    first (fbgemm's uint8 input), and the integer sums are scaled by input scale * scale[j].
+    first (fbgemm's uint8 input), and the integer sums are scaled by input scale * scale[j]. sums (N,) int32: each
+    int8 weight row's sum (`weight_sums`), for the zero point.
     """
     B, K = x.shape
     N = w.shape[0]
+    if quant[3] != 0 and INT8_DOT and K % 32 == 0:
+        _rows_u8(x, w, scale, bias, quant, sums, act, y)
+        if res.shape[0] == B:
+            for r in range(B):
+                for j in range(N):
+                    y[r, j] += res[r, j]
+        return
     xs = np.empty((B, K), np.float32)
     out_scale = np.float32(1.0)
     if quant[3] != 0:
@@ -68,6 +153,43 @@ def _product(x, w, scale, bias, quant, act, res, y):  # type: ignore[no-untyped-
         for r in range(B):
             for j in range(N):
                 y[r, j] += res[r, j]
+
+
+@njit(fastmath=FAST, nogil=True, cache=True)
+def _rows_u8(x, w, scale, bias, quant, sums, act, y):  # type: ignore[no-untyped-def]  # pragma: no cover - compiled
+    """`_product`'s int8 rows on AVX2: x quantized to bytes, and each sum of (x - zero point) * w as
+    dot(x, w) - zero point * sum(w), the same integers as the float32 sums of the other way."""
+    B, K = x.shape
+    N = w.shape[0]
+    zp = quant[2]
+    xq = np.empty((B, K), np.uint8)
+    for r in range(B):
+        for k in range(K):
+            v = np.float32(np.round(x[r, k] * quant[0])) + zp
+            xq[r, k] = np.uint8(min(max(v, np.float32(0.0)), np.float32(255.0)))
+    blocks = K // 32
+    stride = w.strides[0]
+    dots = np.empty((B, N), np.int32)
+    N4 = N - N % 4
+    for j in range(0, N4, 4):  # four weight rows at a time, every input row against them while they are in cache
+        for r in range(B):
+            four = _dot4_u8s8(xq, r * K, w, j * stride, stride, blocks)  # type: ignore[call-arg, var-annotated]
+            dots[r, j], dots[r, j + 1], dots[r, j + 2], dots[r, j + 3] = four
+    for j in range(N4, N):
+        for r in range(B):
+            dots[r, j] = _dot_u8s8(xq, r * K, w, j * stride, blocks)  # type: ignore[call-arg]
+    izp = np.int32(zp)
+    for r in range(B):  # a loop of its own, which vectorises
+        for j in range(N):
+            y[r, j] = _act(np.float32(dots[r, j] - izp * sums[j]) * (quant[1] * scale[j]) + bias[j], act)
+
+
+def weight_sums(w: np.ndarray) -> np.ndarray:
+    """Each output row's sum of int8 weights (..., N, K) -> (..., N) int32, `_product`'s `sums`; zeros for float
+    weights, which do not read them."""
+    if w.dtype != np.int8:
+        return np.zeros(w.shape[:-1], np.int32)
+    return np.asarray(w.sum(-1, dtype=np.int64), np.int32)
 
 
 @njit(fastmath=FAST, nogil=True, cache=True)
@@ -158,14 +280,14 @@ def _norm(x, w, b, eps, out):  # type: ignore[no-untyped-def]  # pragma: no cove
 
 
 @njit(fastmath=FAST, nogil=True, cache=True)
-def _qkv(x, h, norm_w, norm_b, eps, pre, w, s, b, q, none, qkv):  # type: ignore[no-untyped-def]  # pragma: no cover
+def _qkv(x, h, norm_w, norm_b, eps, pre, w, s, b, q, c, none, qkv):  # type: ignore[no-untyped-def]  # pragma: no cover
     """A layer's self-attention Q, K and V of x into qkv, through the sublayer's norm first when pre-norm (into h).
     Shared by the step and the encoder (model/fused_encoder.py)."""
     if pre:
         _norm(x, norm_w, norm_b, eps, h)
-        _product(h, w, s, b, q, 0, none, qkv)
+        _product(h, w, s, b, q, c, 0, none, qkv)
     else:
-        _product(x, w, s, b, q, 0, none, qkv)
+        _product(x, w, s, b, q, c, 0, none, qkv)
 
 
 @njit(fastmath=FAST, nogil=True, cache=True)
@@ -181,12 +303,12 @@ def _next(x, h, norm_w, norm_b, j, eps, pre):  # type: ignore[no-untyped-def]  #
 
 
 @njit(fastmath=FAST, nogil=True, cache=True)
-def _feed_forward(x, h, f, w_1, s_1, b_1, q_1, w_2, s_2, b_2, q_2, act, norm_w, norm_b, eps,  # type: ignore[no-untyped-def]
+def _feed_forward(x, h, f, w_1, s_1, b_1, q_1, c_1, w_2, s_2, b_2, q_2, c_2, act, norm_w, norm_b, eps,  # type: ignore[no-untyped-def]
                   pre):  # pragma: no cover - compiled
     """The feed-forward sublayer of the rows: h holds its input, x the stream, f (B, F) is scratch. x becomes the
     stream after it (post-norm: the residual sum normalised by norm_w, norm_b)."""
-    _product(h, w_1, s_1, b_1, q_1, act, np.empty((0, 0), np.float32), f)
-    _product(f, w_2, s_2, b_2, q_2, 0, x, h)
+    _product(h, w_1, s_1, b_1, q_1, c_1, act, np.empty((0, 0), np.float32), f)
+    _product(f, w_2, s_2, b_2, q_2, c_2, 0, x, h)
     if pre:
         x[:] = h
     else:
@@ -194,13 +316,13 @@ def _feed_forward(x, h, f, w_1, s_1, b_1, q_1, w_2, s_2, b_2, q_2, act, norm_w, 
 
 
 @njit(fastmath=FAST, nogil=True, cache=True)
-def _last(x, h, final_w, final_b, eps, pre, w, s, b, q, out):  # type: ignore[no-untyped-def]  # pragma: no cover
+def _last(x, h, final_w, final_b, eps, pre, w, s, b, q, c, out):  # type: ignore[no-untyped-def]  # pragma: no cover
     """The stack's output product of the stream x: after the final norm (pre-norm, into h), or of x itself."""
     if pre:
         _norm(x, final_w, final_b, eps, h)
-        _product(h, w, s, b, q, 0, np.empty((0, 0), np.float32), out)
+        _product(h, w, s, b, q, c, 0, np.empty((0, 0), np.float32), out)
     else:
-        _product(x, w, s, b, q, 0, np.empty((0, 0), np.float32), out)
+        _product(x, w, s, b, q, c, 0, np.empty((0, 0), np.float32), out)
 
 
 @njit(fastmath=FAST, nogil=True, cache=True)
@@ -284,9 +406,9 @@ def attend_packed(qkv, starts, ns, H, out):  # type: ignore[no-untyped-def]  # p
 @njit(fastmath=FAST, nogil=True, cache=True)
 def step(tokens, pos, src_mask, self_kv, cross_kv, table, positions, emb_scale,  # type: ignore[no-untyped-def]
           norm_w, norm_b, eps, pre, final_w, final_b, act,
-          w_qkv, s_qkv, b_qkv, q_qkv, w_o, s_o, b_o, q_o, w_cq, s_cq, b_cq, q_cq,
-          w_co, s_co, b_co, q_co, w_1, s_1, b_1, q_1, w_2, s_2, b_2, q_2,
-          w_out, s_out, b_out, q_out, logits, align):  # pragma: no cover - compiled
+          w_qkv, s_qkv, b_qkv, q_qkv, c_qkv, w_o, s_o, b_o, q_o, c_o, w_cq, s_cq, b_cq, q_cq, c_cq,
+          w_co, s_co, b_co, q_co, c_co, w_1, s_1, b_1, q_1, c_1, w_2, s_2, b_2, q_2, c_2,
+          w_out, s_out, b_out, q_out, c_out, logits, align):  # pragma: no cover - compiled
     """Rows 0..B-1 of the cache advance by one token each; logits (B, V) are written, `pos` moves on. Unless
     `align` is empty, the last layer's cross-attention weights averaged over heads are added into it (B, S)."""
     B = tokens.shape[0]
@@ -305,7 +427,8 @@ def step(tokens, pos, src_mask, self_kv, cross_kv, table, positions, emb_scale, 
         lengths[r] = n
     for i in range(L):
         # self-attention: the new token's K/V go into the cache at each row's position
-        _qkv(x, h, norm_w[i, 0], norm_b[i, 0], eps, pre, w_qkv[i], s_qkv[i], b_qkv[i], q_qkv[i], none, qkv)
+        _qkv(x, h, norm_w[i, 0], norm_b[i, 0], eps, pre, w_qkv[i], s_qkv[i], b_qkv[i], q_qkv[i], c_qkv[i], none,
+             qkv)
         for r in range(B):
             t = pos[r]
             for hh in range(H):
@@ -313,36 +436,37 @@ def step(tokens, pos, src_mask, self_kv, cross_kv, table, positions, emb_scale, 
                     self_kv[i, 0, r, hh, t, d] = qkv[r, D + hh * Dh + d]
                     self_kv[i, 1, r, hh, t, d] = qkv[r, 2 * D + hh * Dh + d]
             _attend(qkv[r, :D], self_kv[i, 0, r], self_kv[i, 1, r], t + 1, a[r], no_weights)
-        _product(a, w_o[i], s_o[i], b_o[i], q_o[i], 0, x, h)
+        _product(a, w_o[i], s_o[i], b_o[i], q_o[i], c_o[i], 0, x, h)
         _next(x, h, norm_w[i], norm_b[i], 0, eps, pre)
         # cross-attention over each row's own source length
         q = np.empty((B, D), np.float32)
-        _product(h, w_cq[i], s_cq[i], b_cq[i], q_cq[i], 0, none, q)
+        _product(h, w_cq[i], s_cq[i], b_cq[i], q_cq[i], c_cq[i], 0, none, q)
         for r in range(B):
             weights = align[r] if i == L - 1 and align.shape[0] > 0 else no_weights
             _attend(q[r], cross_kv[i, 0, r], cross_kv[i, 1, r], lengths[r], a[r], weights)
-        _product(a, w_co[i], s_co[i], b_co[i], q_co[i], 0, x, h)
+        _product(a, w_co[i], s_co[i], b_co[i], q_co[i], c_co[i], 0, x, h)
         _next(x, h, norm_w[i], norm_b[i], 1, eps, pre)
-        _feed_forward(x, h, f, w_1[i], s_1[i], b_1[i], q_1[i], w_2[i], s_2[i], b_2[i], q_2[i], act, norm_w[i, 2],
-                      norm_b[i, 2], eps, pre)
-    _last(x, h, final_w, final_b, eps, pre, w_out, s_out, b_out, q_out, logits)
+        _feed_forward(x, h, f, w_1[i], s_1[i], b_1[i], q_1[i], c_1[i], w_2[i], s_2[i], b_2[i], q_2[i], c_2[i], act,
+                      norm_w[i, 2], norm_b[i, 2], eps, pre)
+    _last(x, h, final_w, final_b, eps, pre, w_out, s_out, b_out, q_out, c_out, logits)
     for r in range(B):
         pos[r] += 1
 
 
 @njit(fastmath=FAST, nogil=True, cache=True)
 def encode(x, starts, ns, H, norm_w, norm_b, eps, pre, final_w, final_b, act,  # type: ignore[no-untyped-def]
-            w_qkv, s_qkv, b_qkv, q_qkv, w_o, s_o, b_o, q_o, w_1, s_1, b_1, q_1, w_2, s_2, b_2, q_2,
-            w_kv, s_kv, b_kv, q_kv, kv):  # pragma: no cover - compiled
+            w_qkv, s_qkv, b_qkv, q_qkv, c_qkv, w_o, s_o, b_o, q_o, c_o, w_1, s_1, b_1, q_1, c_1,
+            w_2, s_2, b_2, q_2, c_2, w_kv, s_kv, b_kv, q_kv, c_kv, kv):  # pragma: no cover - compiled
     """x (N, D): the embedded tokens of sentences b = 0.. at rows starts[b]..starts[b] + ns[b] - 1. Every encoder
     layer, the final norm (pre-norm) and the cross-attention K/V product into kv (N, L * 2 * D). x is overwritten."""
     N, D = x.shape
     h, qkv, a, f, none, _ = _scratch(N, D, w_1.shape[1])
     for i in range(w_qkv.shape[0]):
-        _qkv(x, h, norm_w[i, 0], norm_b[i, 0], eps, pre, w_qkv[i], s_qkv[i], b_qkv[i], q_qkv[i], none, qkv)
+        _qkv(x, h, norm_w[i, 0], norm_b[i, 0], eps, pre, w_qkv[i], s_qkv[i], b_qkv[i], q_qkv[i], c_qkv[i], none,
+             qkv)
         attend_packed(qkv, starts, ns, H, a)
-        _product(a, w_o[i], s_o[i], b_o[i], q_o[i], 0, x, h)
+        _product(a, w_o[i], s_o[i], b_o[i], q_o[i], c_o[i], 0, x, h)
         _next(x, h, norm_w[i], norm_b[i], 0, eps, pre)
-        _feed_forward(x, h, f, w_1[i], s_1[i], b_1[i], q_1[i], w_2[i], s_2[i], b_2[i], q_2[i], act, norm_w[i, 1],
-                      norm_b[i, 1], eps, pre)
-    _last(x, h, final_w, final_b, eps, pre, w_kv, s_kv, b_kv, q_kv, kv)
+        _feed_forward(x, h, f, w_1[i], s_1[i], b_1[i], q_1[i], c_1[i], w_2[i], s_2[i], b_2[i], q_2[i], c_2[i], act,
+                      norm_w[i, 1], norm_b[i, 1], eps, pre)
+    _last(x, h, final_w, final_b, eps, pre, w_kv, s_kv, b_kv, q_kv, c_kv, kv)

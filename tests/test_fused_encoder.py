@@ -7,7 +7,7 @@ import torch
 
 pytest.importorskip("numba", reason="the fused encoder needs numba (the GPU script's bare machine lacks it)")
 
-from model import frozen  # noqa: E402
+from model import frozen, fused_encoder  # noqa: E402
 from model.frozen import FrozenTransformer  # noqa: E402
 from model.fused_encoder import FusedEncoder  # noqa: E402
 from tests.test_fused_step import nets  # noqa: E402
@@ -63,7 +63,7 @@ def test_an_int8_sentence_encodes_bit_for_bit_the_same_alone_and_in_any_admissio
     are exact integers in any order, and the rest of a token's arithmetic is its own."""
     fused, _ = nets("int8", norm="pre", activation="relu")
     assert fused.fused_encoder is not None
-    limit = fused.fused_encoder.max_tokens
+    fused.fused_encoder.max_tokens = limit = 8  # (with AVX2 every int8 sentence is the fused encoder's)
     short = [s for s in SHORT if len(s) <= limit]
     assert short and all(len(s) > limit for s in LONG)
     mixed = [LONG[0], *short, LONG[1]]
@@ -72,6 +72,38 @@ def test_an_int8_sentence_encodes_bit_for_bit_the_same_alone_and_in_any_admissio
         (alone,) = encode(fused, [source])
         assert torch.equal(got, alone)
     assert sorted(taken) == sorted([len(s) for s in short] * 2)  # together, then each alone
+
+
+@pytest.mark.parametrize("dtype", ["float32", "int8"])
+def test_an_admission_cut_over_threads_encodes_bit_for_bit_as_one(dtype: str, taken: list[int],
+                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    """Large admissions run in parts at once, one per torch thread; a sentence's rows are computed on their own,
+    so its numbers are the same in any part and alone."""
+    fused, _ = nets(dtype, norm="pre", activation="relu")
+    assert fused.fused_encoder is not None
+    fused.fused_encoder.max_tokens = 64
+    sources = [*SHORT, *LONG, *SHORT]
+    whole = encode(fused, sources)
+    cuts: list[int] = []
+    original = fused_encoder.split
+    monkeypatch.setattr(fused_encoder, "split", lambda lengths, parts: cuts.append(parts) or original(lengths, 3))
+    monkeypatch.setattr(fused_encoder, "SPLIT_MIN_TOKENS", 1)
+    parts = encode(fused, sources)
+    assert cuts  # it was cut (into three parts)
+    for a, b in zip(whole, parts, strict=True):
+        assert torch.equal(a, b)
+    (alone,) = encode(fused, [LONG[1]])
+    assert torch.equal(alone, whole[4])
+
+
+def test_split_cuts_runs_of_about_as_many_tokens() -> None:
+    assert fused_encoder.split([5, 5, 5, 5], 2) == [(0, [5, 5]), (10, [5, 5])]
+    assert fused_encoder.split([3, 20, 4, 4, 4], 2) == [(0, [3, 20]), (23, [4, 4, 4])]
+    assert fused_encoder.split([10], 4) == [(0, [10])]
+    assert fused_encoder.split([1, 2, 3], 1) == [(0, [1, 2, 3])]
+    runs = fused_encoder.split([7] * 9 + [2], 3)
+    assert len(runs) == 3 and sum(map(len, (r for _, r in runs))) == 10
+    assert [first for first, _ in runs] == [0, *(sum(sum(r) for _, r in runs[:i]) for i in (1, 2))]
 
 
 @pytest.mark.parametrize("norm", ["pre", "post"])

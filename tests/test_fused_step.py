@@ -18,7 +18,7 @@ from model.decode import DecodeBatch  # noqa: E402
 from model.frozen import FrozenTransformer, freeze  # noqa: E402
 from model.fused_step import FusedStep, _weights  # noqa: E402
 from model.generation import GenerationConfig  # noqa: E402
-from model.kernels import _product  # noqa: E402
+from model.kernels import INT8_DOT, _product, _rows1, _rows2, weight_sums  # noqa: E402
 from model.projection import Projection  # noqa: E402
 from model.search import generate  # noqa: E402
 from tests.test_int8_ranges import quantized  # noqa: E402
@@ -106,9 +106,31 @@ def test_int8_product_equals_fbgemm_with_a_fixed_range(inputs: int, terms: int) 
     scale, zero_point = reference.static
     y = np.empty((5, terms), np.float32)
     quant = np.array([1 / scale, scale, zero_point, 1], np.float32)
-    _product(x.numpy(), *got, quant, 0, np.empty((0, 0), np.float32), y)
+    _product(x.numpy(), *got, quant, weight_sums(got[0]), 0, np.empty((0, 0), np.float32), y)
     expected = reference(x)
     assert (torch.from_numpy(y) - expected).abs().max() <= 1e-6 * expected.abs().max()
+
+
+@pytest.mark.skipif(not INT8_DOT, reason="AVX2's byte products are used only where numba compiles for AVX2")
+@pytest.mark.parametrize(("rows", "inputs", "outputs"), [(1, 32, 37), (1, 256, 8), (3, 64, 4), (8, 1024, 41)])
+def test_int8_byte_products_give_the_exact_sums_of_the_float_way(rows: int, inputs: int, outputs: int) -> None:
+    """With AVX2 an int8 product is dot(bytes, weights) - zero point * the weight row's sum (`_rows_u8`); without,
+    float32 sums of (x - zero point) * w (`_rows1`, `_rows2`). The same integers, so the same outputs, for every
+    input row, output count (whole groups of four and the rest) and zero point."""
+    rng = np.random.default_rng(rows * inputs)
+    w = rng.integers(-127, 128, (outputs, inputs)).astype(np.int8)
+    scale = rng.uniform(0.001, 0.02, outputs).astype(np.float32)
+    bias = rng.normal(0, 1, outputs).astype(np.float32)
+    for zero_point in (0.0, 61.0, 127.0):
+        quant = np.array([127 / 8, 8 / 127, zero_point, 1], np.float32)  # a range of 8 in 127 steps
+        lo = -zero_point / quant[0]  # inputs within it (the range `Projection.set_range` measures), none saturating
+        x = rng.uniform(lo, lo + 8, (rows, inputs)).astype(np.float32)
+        y = np.empty((rows, outputs), np.float32)
+        _product(x, w, scale, bias, quant, weight_sums(w), 1, np.empty((0, 0), np.float32), y)
+        q = np.clip(np.round(x * quant[0]) + zero_point, 0, 255).astype(np.float32) - zero_point
+        expected = np.empty_like(y)
+        (_rows1 if rows == 1 else _rows2)(q, w, scale, bias, quant[1], 1, expected)  # ReLU, as act=1 above
+        assert np.abs(y - expected).max() <= 1e-6 * np.abs(expected).max()
 
 
 def test_calibration_and_dynamic_int8_keep_the_operator_step() -> None:
