@@ -21,7 +21,7 @@ import torch
 from torch import Tensor
 from torch.ao.nn.quantized.dynamic import Linear as QuantizedLinear
 
-from model.kernels import ACTIVATIONS, EXACT_SUM_TERMS, weight_sums
+from model.kernels import ACTIVATIONS, EXACT_SUM_TERMS, choose_greedy, weight_sums
 from model.kernels import step as _step
 from model.projection import int8_weight_bias, stacked_bias
 
@@ -203,3 +203,12 @@ class FusedStep:
         if align is not None:
             align.append(weights[:, : cache.s_hi])
         return logits
+
+    @staticmethod
+    def choose(logits: np.ndarray, banned: np.ndarray, eos: int, n_gen: np.ndarray, min_new: np.ndarray,
+               history: np.ndarray, last: np.ndarray) -> np.ndarray:
+        """Plain greedy rows' tokens from this step's logits (B, V), chosen and recorded in one compiled call
+        (`model.kernels.choose_greedy`; `DecodeBatch.greedy_step`)."""
+        tokens = np.empty(logits.shape[0], np.int64)
+        choose_greedy(logits, banned, eos, n_gen, min_new, history, last, tokens)
+        return tokens

@@ -470,3 +470,29 @@ def encode(x, starts, ns, H, norm_w, norm_b, eps, pre, final_w, final_b, act,  #
         _feed_forward(x, h, f, w_1[i], s_1[i], b_1[i], q_1[i], c_1[i], w_2[i], s_2[i], b_2[i], q_2[i], c_2[i], act,
                       norm_w[i, 1], norm_b[i, 1], eps, pre)
     _last(x, h, final_w, final_b, eps, pre, w_kv, s_kv, b_kv, q_kv, c_kv, kv)
+
+
+@njit(nogil=True, cache=True)
+def choose_greedy(logits, banned, eos, n_gen, min_new, history, last, tokens):  # type: ignore[no-untyped-def]
+    """Plain greedy rows r = 0..B-1 of logits (B, V) choose their token, as `DecodeBatch._process_host`, numpy's
+    argmax and `DecodeBatch.record_host` do one after another: banned tokens and, before a row's min_new tokens,
+    the end of sentence become -inf; the first maximum is taken into tokens[r] and recorded (history, n_gen, last).
+    """  # pragma: no cover - compiled
+    B, V = logits.shape
+    T = history.shape[1]
+    for r in range(B):
+        row = logits[r]
+        for b in banned:
+            row[b] = -np.inf
+        if n_gen[r] < min_new[r]:
+            row[eos] = -np.inf
+        best = 0
+        top = row[0]
+        for v in range(1, V):
+            if row[v] > top:
+                top = row[v]
+                best = v
+        tokens[r] = best
+        history[r, min(n_gen[r], T - 1)] = best
+        n_gen[r] += 1
+        last[r] = best

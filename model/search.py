@@ -63,15 +63,17 @@ def step(batch: DecodeBatch) -> list[Event]:
     n, st = batch.n, batch.state
     seqs = list(batch.seqs.values())
     batch.plain = False  # forward() says otherwise when it takes the short way
-    logits, align = batch.forward()  # (n, V), (n,) or None
+    logits, align = batch.forward(choose=True)  # (n, V), (n,) or None
     if batch.plain:  # every row plain greedy: the argmax is all there is to choose
-        chosen = logits.numpy().argmax(1)  # the first index on ties, as argmax()
-        batch.record_host(chosen)
-        token_ids, chosen_logprobs = chosen.tolist(), [math.nan] * n
+        host = batch.chosen  # (chosen and recorded by the fused step's way)
+        if host is None:
+            host = logits.numpy().argmax(1)  # the first index on ties, as argmax()
+            batch.record_host(host)
+        token_ids, chosen_logprobs = host.tolist(), [math.nan] * n
         scored = [s.rows[0] for s in seqs if s.config.scores]
         if scored:  # the chosen tokens' log-probs, as the general way computes them, for these rows alone
             rows = torch.tensor(scored)
-            picked = logits[rows].log_softmax(-1).gather(1, torch.from_numpy(chosen)[rows, None])[:, 0]
+            picked = logits[rows].log_softmax(-1).gather(1, torch.from_numpy(host)[rows, None])[:, 0]
             for r, value in zip(scored, picked.tolist(), strict=True):
                 chosen_logprobs[r] = value
         events, done = _collect(seqs, token_ids, chosen_logprobs, batch.cfg.eos_id, None)

@@ -47,9 +47,9 @@ def count_steps(cached: TestClient) -> Iterator[None]:
     assert batch is not None
     forward = batch.forward
 
-    def counted() -> Any:
+    def counted(choose: bool = False) -> Any:
         batch.steps = getattr(batch, "steps", 0) + 1  # type: ignore[attr-defined]
-        return forward()
+        return forward(choose)
 
     batch.forward = counted  # type: ignore[method-assign]
     yield

@@ -160,10 +160,11 @@ def test_models_with_many_bytes_of_weights_keep_the_operator_step(monkeypatch: p
 @pytest.mark.parametrize("fused", [True, False])
 def test_the_plain_greedy_step_gives_the_general_steps_tokens(tiny_loaded: LoadedModel, fused: bool,
                                                                monkeypatch: pytest.MonkeyPatch) -> None:
-    """DecodeBatch.forward's short way (numpy around the fused step, or around the operator step) against the general
-    one on the trained tiny model: the same tokens and endings, with rows joining and leaving, a banned token the
-    model would pick, minimum lengths beyond where sentences end, scored sequences (the same log-probs both ways),
-    and a sequence with a repetition penalty that sends the steps it shares the general way."""
+    """The short way of plain greedy steps (`DecodeBatch.forward(choose=True)`: one compiled call after the fused
+    step, numpy around the operator step) against the general one on the trained tiny model: the same tokens and
+    endings, with rows joining and leaving, a banned token the model would pick, minimum lengths beyond where
+    sentences end, scored sequences (the same log-probs both ways), and a sequence with a repetition penalty that
+    sends the steps it shares the general way."""
     net = tiny_loaded.net
     assert net.fused is not None and net.fused.ready()
     if not fused:
@@ -194,8 +195,8 @@ def test_the_plain_greedy_step_gives_the_general_steps_tokens(tiny_loaded: Loade
     ran = []
     forward, admit = DecodeBatch.forward, DecodeBatch.admit
 
-    def counted(batch: DecodeBatch) -> tuple[torch.Tensor, torch.Tensor | None]:
-        out = forward(batch)
+    def counted(batch: DecodeBatch, choose: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
+        out = forward(batch, choose)
         ran.append(batch.plain)
         return out
 

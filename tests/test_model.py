@@ -446,7 +446,7 @@ def test_step_goes_through_the_batch_forward(loaded: checkpoint.LoadedModel, sou
     batch = DecodeBatch(loaded.net, rows=2, max_src=32, max_tgt=8)
     batch.admit([((0, 0), sources[0], GenerationConfig(max_new_tokens=8))])
 
-    def fail() -> torch.Tensor:
+    def fail(choose: bool = False) -> torch.Tensor:
         raise RuntimeError("injected")
 
     batch.forward = fail  # type: ignore[method-assign]

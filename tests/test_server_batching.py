@@ -76,9 +76,9 @@ def slow_steps(scheduler: Scheduler, seconds: float) -> Iterator[None]:
     assert batch is not None
     original = batch.forward
 
-    def forward() -> Any:
+    def forward(choose: bool = False) -> Any:
         time.sleep(seconds)
-        return original()
+        return original(choose)
 
     batch.forward = forward  # type: ignore[method-assign]
     try:
@@ -298,7 +298,7 @@ def test_engine_failure_is_a_500_and_the_server_recovers(client: TestClient) -> 
     batch = batch_of(scheduler)
     assert batch is not None
 
-    def broken() -> Any:
+    def broken(choose: bool = False) -> Any:
         raise RuntimeError("device lost")
 
     batch.forward = broken  # type: ignore[method-assign]
