@@ -21,7 +21,7 @@ import torch
 from torch import Tensor
 from torch.ao.nn.quantized.dynamic import Linear as QuantizedLinear
 
-from model.kernels import ACTIVATIONS, EXACT_SUM_TERMS, choose_greedy, weight_sums
+from model.kernels import ACTIVATIONS, EXACT_SUM_TERMS, INT8_DOT, choose_greedy, weight_sums
 from model.kernels import step as _step
 from model.projection import int8_weight_bias, stacked_bias
 
@@ -91,13 +91,19 @@ MAX_WEIGHT_BYTES = 32 << 20
 class FusedStep:
     """The decode step of up to `max_rows` rows on the CPU as one compiled function (`_step`)."""
 
-    # Up to this many rows the fused step is faster than the operator-by-operator one on the 2-core AVX2 EPYC
-    # (int8: 3.5x at 1 row, 1.1-1.5x at 8, 0.8-1.0x at 16; float32 wins further; docs/benchmarks.md).
+    # Up to this many rows the fused step takes a step, where it is faster than the operator-by-operator one on the
+    # 2-core AVX2 EPYC (docs/benchmarks.md). float32: 1.35x at 8 rows, 1.01x at 32. int8 through AVX2's byte
+    # products: 5.2x at 1 row, 1.17x at 32 with one torch thread (the server's default on 2 cores), 0.95x at 32 with
+    # two; up to the server's default batch (32 rows) every int8 step is then the fused one, and a row's numbers are
+    # the same alone and in any batch. int8 without AVX2: 1.1-1.5x at 8, 0.8-1.0x at 16.
     max_rows = 8
+    max_rows_int8_dot = 32
 
     def __init__(self, arrays: dict[str, np.ndarray], projections: dict[str, Projection], net: FrozenTransformer,
                  pre: bool, act: int, eps: float) -> None:
         self.arrays, self.projections, self.net = arrays, projections, net
+        if arrays["w_qkv"].dtype == np.int8 and INT8_DOT:
+            self.max_rows = self.max_rows_int8_dot
         self.pre, self.act, self.eps = pre, act, eps
         self.usable: bool | None = None  # read from the products when first asked (`ready`)
         self.args: tuple[Any, ...] | None = None  # `_step`'s arguments after the cache's, while usable
