@@ -9,10 +9,13 @@ compiled, so a compiled `step` would keep an old copy of a product edited in ano
 Products are the same as the frozen network's:
 - float32: the weights as they are;
 - int8: the same int8 weights and the same fixed input ranges (`model.calibrate`) as fbgemm's product. The input
-  is quantized to 7 bits and each output is an exact integer sum, computed in float32 (products of at most 127 x 128
-  summed over at most 1,024 terms stay below 2^24, where float32 holds every integer), then scaled as fbgemm does.
+  is quantized to 7 bits and each output is an exact integer sum, then scaled as fbgemm does. Where numba compiles
+  for AVX2 (`INT8_DOT`) the sums are AVX2's byte products, as in fbgemm (`_dot_u8s8`, an LLVM intrinsic emitted
+  here); elsewhere they are computed in float32 (products of at most 127 x 128 summed over at most 1,024 terms stay
+  below 2^24, where float32 holds every integer). The same integers either way.
 
-Everything runs on the calling thread. (Products cut over threads with numba's parallel=True were tried and
+The compiled functions themselves are in this one file; the IR of the byte products (`_emit_dots`) too, for the
+same reason. Everything runs on the calling thread. (Products cut over threads with numba's parallel=True were tried and
 removed: cached functions that call parallel ones can crash when loaded from numba's cache; docs/benchmarks.md.)
 """
 
