@@ -59,8 +59,10 @@ def _emit_dots(context: Any, builder: Any, signature: Any, args: Any, count: int
     """The IR of `count` byte dot products of x against consecutive rows of w, the blocks of x loaded once for all:
     args (x, x offset, w, w offset, w row stride, blocks), offsets in bytes from each array's data."""
     x, x_at, w, w_at, stride, blocks = args
-    if signature.args[0].dtype.bitwidth != 8 or signature.args[2].dtype.bitwidth != 8:
-        return [ir.Constant(_I32, 0)] * count  # float weights: a branch `_product` never takes
+    if not INT8_DOT or signature.args[0].dtype.bitwidth != 8 or signature.args[2].dtype.bitwidth != 8:
+        # float weights, or a CPU without AVX2 (an ARM one has no such instructions at all): a branch `_product`
+        # never takes, compiled without them
+        return [ir.Constant(_I32, 0)] * count
 
     def declare(name: str, ret: Any, *params: Any) -> Any:
         return cast(Any, cgutils).get_or_insert_function(builder.module, ir.FunctionType(ret, params), name)
