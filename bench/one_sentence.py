@@ -22,7 +22,6 @@ import argparse
 import http.client
 import json
 import os
-import socket
 import statistics
 import subprocess
 import sys
@@ -38,6 +37,7 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench"))
 
 from ct2_convert import TolkConverter, banned_pieces  # noqa: E402
+from document_load import free_port  # noqa: E402
 from int8_products import cpu_flags  # noqa: E402
 from serve import wait_ready  # noqa: E402
 
@@ -45,8 +45,10 @@ from model.checkpoint import LoadedModel, load  # noqa: E402
 from model.marian_format import spm_pieces  # noqa: E402
 from model.search import generate  # noqa: E402
 
+CT2 = tuple[Any, dict[str, Any], list[str]]  # a translator, its options, the target pieces
 
-def ct2_translator(model_dir: Path, loaded: LoadedModel) -> tuple[Any, dict[str, Any], list[str]]:
+
+def ct2_translator(model_dir: Path, loaded: LoadedModel) -> CT2:
     """CTranslate2 on the model converted (int8, one thread), its options, and the target pieces."""
     import ctranslate2
 
@@ -73,8 +75,8 @@ def alternate(runs: dict[str, Any], n: int, warm: int = 10) -> dict[str, list[fl
     return times
 
 
-def engines(model_dir: Path, loaded: LoadedModel, lines: list[str]) -> dict[str, Any]:
-    translator, options, pieces = ct2_translator(model_dir, loaded)
+def engines(ct2: CT2, loaded: LoadedModel, lines: list[str]) -> dict[str, Any]:
+    translator, options, pieces = ct2
     config = loaded.generation.update(max_new_tokens=256, scores=False)
     ids = [loaded.tokenizer.encode(s) for s in lines]
     tokens = [[pieces[i] for i in s] for s in ids]
@@ -86,15 +88,9 @@ def engines(model_dir: Path, loaded: LoadedModel, lines: list[str]) -> dict[str,
             "source_tokens_median": statistics.median(len(s) for s in ids)}
 
 
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
-def server(model_dir: Path, loaded: LoadedModel, lines: list[str]) -> dict[str, Any]:
+def server(model_dir: Path, ct2: CT2, loaded: LoadedModel, lines: list[str]) -> dict[str, Any]:
     """Tolk's server, one request at a time, against CTranslate2's translate_batch alternating (module docstring)."""
-    translator, options, pieces = ct2_translator(model_dir, loaded)
+    translator, options, pieces = ct2
     tokens = [[pieces[i] for i in loaded.tokenizer.encode(s)] for s in lines]
     port = free_port()
     env = {**os.environ, "TOLK_DTYPE": "int8", "TOLK_TRANSLATION_CACHE_ENTRIES": "0"}
@@ -160,8 +156,9 @@ def main() -> None:
     torch.set_num_threads(1)
     lines = args.sentences.read_text(encoding="utf-8").splitlines()[:args.limit]
     int8 = load(args.model, device="cpu", dtype="int8")
+    ct2 = ct2_translator(args.model, int8)  # converted once, for both comparisons
     result: dict[str, Any] = {"cpu_flags": cpu_flags(), "threads": 1, "torch": torch.__version__,
-                              "engines": engines(args.model, int8, lines), "server": server(args.model, int8, lines),
+                              "engines": engines(ct2, int8, lines), "server": server(args.model, ct2, int8, lines),
                               "encoder": encoder(args.model, int8, lines)}
     e, v = result["engines"], result["server"]
     print(f"torch {torch.__version__}, 1 thread, CPU flags: {result['cpu_flags']}")
