@@ -40,6 +40,12 @@ DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.
 # read float16 weights and compute in float32 (CPU, fbgemm): close to int8's speed for a few rows, float32's
 # outputs for weights stored in float16, and a row's result independent of its batch (docs/benchmarks.md)
 PRECISIONS = (*DTYPES, "int8", "float16w")
+# How int8 products quantize their input. rows: a scale per input row, CTranslate2's int8 arithmetic
+# (`model.projection.Rows8`); ranges: the fixed input ranges of the model directory's int8.json
+# (`model.calibrate`), fbgemm's products; dynamic: one scale per call over the whole batch, fbgemm's dynamic
+# product (a row's result depends on its batch; kept to compare against).
+INT8_ARITHMETIC = {"rows": "a scale per input row", "ranges": "fixed input ranges (int8.json)",
+                   "dynamic": "a scale per call"}
 CPU_ONLY_PRECISIONS = ("int8", "float16w")
 STORAGE_DTYPES = ("float32", "float16")  # of model.safetensors; float16 halves the download, load() upcasts it
 REQUIRED_FILES = ("config.json", "model.safetensors", "source.spm", "target.spm", "info.json")
@@ -80,6 +86,7 @@ class LoadedModel:
     dtype: str
     parameters: int  # counted before quantization (quantized linears hold their weights outside parameters())
     net: FrozenTransformer  # what decoding runs: `model` fused and prepacked, built once at load time
+    int8: str | None = None  # int8's arithmetic (INT8_ARITHMETIC), None in other precisions
 
     @property
     def device(self) -> torch.device:
@@ -167,16 +174,18 @@ def return_freed_memory() -> None:
 
 
 def load(directory: Path | str, device: str = "auto", dtype: str = "float32",
-         keep_modules: bool = True, int8_ranges: bool = True) -> LoadedModel:
+         keep_modules: bool = True, int8: str = "auto") -> LoadedModel:
     """Load a model directory onto a device ('auto', 'cpu', 'cuda', 'cuda:1') in a dtype ('int8' and 'float16w' on
     the CPU only).
 
     keep_modules=False keeps the weights once, in the frozen network (`release_linear_weights`): for a process that
-    only decodes through `.net`. int8 products take the fixed input ranges of the directory's int8.json when it has
-    one (`model.calibrate`; int8_ranges=False: scaled per call, as without the file).
+    only decodes through `.net`. `int8` picks int8's arithmetic (INT8_ARITHMETIC): "auto" takes the fixed input
+    ranges of the directory's int8.json when it has one (`model.calibrate`), and a scale per input row without.
     """
     if dtype not in PRECISIONS:
         raise ValueError(f"dtype must be one of {PRECISIONS}, got {dtype!r}")
+    if int8 not in ("auto", *INT8_ARITHMETIC):
+        raise ValueError(f"int8 must be 'auto' or one of {tuple(INT8_ARITHMETIC)}, got {int8!r}")
     dev = resolve_device(device)
     if dtype in CPU_ONLY_PRECISIONS and dev.type != "cpu":
         raise ValueError(f"dtype {dtype!r} runs on the CPU only")
@@ -187,16 +196,22 @@ def load(directory: Path | str, device: str = "auto", dtype: str = "float32",
     load_model(model, str(meta.path / "model.safetensors"), strict=True)
     model = model.to(device=dev, dtype=DTYPES.get(dtype, torch.float32)).eval()
     parameters = model.num_parameters()
-    if dtype == "int8":
+    ranges = calibrate.read(meta.path) if dtype == "int8" and int8 in ("auto", "ranges") else None
+    if dtype == "int8" and int8 == "ranges" and ranges is None:
+        raise ValueError(f"{meta.path} has no {calibrate.RANGES_FILE}: measure it with python -m model.calibrate")
+    rows8 = dtype == "int8" and (int8 == "rows" or (int8 == "auto" and ranges is None))
+    if dtype == "int8" and not rows8:
         model = quantize_int8(model)
-    net = freeze(model, half=dtype == "float16w")  # fuse and prepack the weights now, not on the first request
-    ranges = calibrate.read(meta.path) if dtype == "int8" and int8_ranges else None
+    # fuse and prepack the weights now, not on the first request
+    net = freeze(model, half=dtype == "float16w", rows8=rows8)
     if ranges is not None:
         calibrate.apply(net, ranges)
     if not keep_modules:
         release_linear_weights(model)
     return_freed_memory()
-    return LoadedModel(meta.path, meta.info, model, meta.tokenizer, meta.generation, dtype, parameters, net)
+    arithmetic = ("rows" if rows8 else "ranges" if ranges is not None else "dynamic") if dtype == "int8" else None
+    return LoadedModel(meta.path, meta.info, model, meta.tokenizer, meta.generation, dtype, parameters, net,
+                       arithmetic)
 
 
 def save(

@@ -217,15 +217,17 @@ class FrozenDecoderLayer:
 class FrozenTransformer:
     """Encoding, cross-attention K/V and the incremental decode step of a Transformer, for inference only."""
 
-    def __init__(self, model: Transformer, prepack: bool = True, half: bool = False, fused: bool = True) -> None:
+    def __init__(self, model: Transformer, prepack: bool = True, half: bool = False, fused: bool = True,
+                 rows8: bool = False) -> None:
         cfg = self.cfg = model.cfg
+        self.rows8 = rows8  # int8 with a scale per input row (`model.projection.Rows8`)
         self.src_table, self.tgt_table = model.src_embed.weight.detach(), model.tgt_embed.weight.detach()
         self.positions = model.positions.to(self.tgt_table.dtype)
         self.scale = model.scale
         H, pre = cfg.n_heads, cfg.norm == "pre"
         encoder = cast(list[EncoderLayer], list(model.encoder))
         decoder = cast(list[DecoderLayer], list(model.decoder))
-        proj = functools.partial(Projection, prepack=prepack, half=half)
+        proj = functools.partial(Projection, prepack=prepack, half=half, rows8=rows8)
         self.encoder = [FrozenEncoderLayer(layer, H, proj) for layer in encoder]
         self.decoder = [FrozenDecoderLayer(layer, H, proj) for layer in decoder]
         norms = [cast(nn.LayerNorm, model.encoder_norm), cast(nn.LayerNorm, model.decoder_norm)]
@@ -385,12 +387,15 @@ class FrozenTransformer:
         return self.out(self.final.norm(x, 1) if self.final else x)
 
 
-def freeze(model: Transformer, prepack: bool = True, half: bool = False, fused: bool = True) -> FrozenTransformer:
+def freeze(model: Transformer, prepack: bool = True, half: bool = False, fused: bool = True,
+           rows8: bool = False) -> FrozenTransformer:
     """The network prepared for inference (fused and prepacked weights); encoding and the decode step go through it.
 
     Built anew at each call: freeze once after loading (or after each training stretch) and keep the result.
     prepack=False keeps PyTorch's default products: the reference the oneDNN path is tested against.
     half=True (CPU, float32 model): every product reads float16 weights and computes in float32 (`Projection`).
     fused=False: every step runs operator by operator (the reference `model.fused_step` is tested against).
+    rows8=True (CPU, float32 model): int8 products with a scale per input row, CTranslate2's int8 arithmetic
+    (`model.projection.Rows8`).
     """
-    return FrozenTransformer(model, prepack, half, fused)
+    return FrozenTransformer(model, prepack, half, fused, rows8)

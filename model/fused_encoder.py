@@ -66,7 +66,7 @@ class FusedEncoder:
         if net.device.type != "cpu" or net.src_table.dtype != torch.float32 or cfg.activation not in ACTIVATIONS:
             return None
         encoder = cast("list[EncoderLayer]", list(model.encoder))
-        itemsize = 1 if isinstance(model.out_proj, QuantizedLinear) else 4
+        itemsize = 1 if isinstance(model.out_proj, QuantizedLinear) or net.rows8 else 4
         D, F = cfg.d_model, cfg.d_ff
         if (len(encoder) * (4 * D * D + 2 * D * F) + cfg.decoder_layers * 2 * D * D) * itemsize > MAX_WEIGHT_BYTES:
             return None  # as for the fused step: a copy of large weights costs memory, and reading them is the cost
@@ -75,13 +75,14 @@ class FusedEncoder:
                    for layer in encoder]
         arrays: dict[str, np.ndarray] = {}
         for name in PRODUCTS:
-            per_layer = [_weights(products[name]) for products in linears]
+            per_layer = [_weights(products[name], net.rows8) for products in linears]
             if any(got is None for got in per_layer):
                 return None
             for key, part in zip(("w", "s", "b"), zip(*per_layer, strict=True), strict=True):
                 arrays[f"{key}_{name}"] = np.ascontiguousarray(np.stack(part))
         decoder = cast("list[DecoderLayer]", list(model.decoder))
-        kv = _weights([lin for layer in decoder for lin in (layer.cross_attn.k_proj, layer.cross_attn.v_proj)])
+        kv = _weights([lin for layer in decoder for lin in (layer.cross_attn.k_proj, layer.cross_attn.v_proj)],
+                      net.rows8)
         if kv is None:
             return None
         arrays["w_kv"], arrays["s_kv"], arrays["b_kv"] = kv

@@ -21,7 +21,7 @@ import torch
 from torch import Tensor
 from torch.ao.nn.quantized.dynamic import Linear as QuantizedLinear
 
-from model.kernels import ACTIVATIONS, EXACT_SUM_TERMS, INT8_DOT, choose_greedy, weight_sums
+from model.kernels import ACTIVATIONS, EXACT_SUM_TERMS, INT8_DOT, choose_greedy, quantize_rows, weight_sums
 from model.kernels import step as _step
 from model.projection import int8_weight_bias, stacked_bias
 
@@ -33,9 +33,13 @@ if TYPE_CHECKING:
     from model.transformer import Transformer
 
 
-def _weights(linears: Sequence[torch.nn.Module]) -> tuple[np.ndarray, np.ndarray, np.ndarray] | None:
-    """The stacked weight (N, K) as float32 or int8, a scale per output and the bias; None if not supported."""
-    if all(isinstance(m, QuantizedLinear) for m in linears):
+def _weights(linears: Sequence[torch.nn.Module],
+             rows8: bool = False) -> tuple[np.ndarray, np.ndarray, np.ndarray] | None:
+    """The stacked weight (N, K) as float32 or int8, a scale per output and the bias; None if not supported.
+    rows8: float32 linears quantized per output row, as `model.projection.Rows8` quantizes them."""
+    if rows8 and all(isinstance(m, torch.nn.Linear) and m.weight.dtype == torch.float32 for m in linears):
+        w, scale = quantize_rows(torch.cat([cast(torch.nn.Linear, m).weight.detach() for m in linears]).numpy())
+    elif all(isinstance(m, QuantizedLinear) for m in linears):
         parts = [int8_weight_bias(m)[0] for m in linears]  # type: ignore[arg-type]
         if not all(_zero_point_zero(p) for p in parts) or parts[0].shape[1] > EXACT_SUM_TERMS:
             return None
@@ -73,6 +77,9 @@ def input_ranges(projections: dict[str, Projection], per_layer: Sequence[str], l
             p = projections[f"{name}.{i}" if name != last else last]
             if p.observed is not None or (p.int8 is not None and p.static is None):
                 return None
+            if p.rows8 is not None:
+                rows.append(list(p.rows8.QUANT))
+                continue
             scale, zp = p.static if p.static is not None else (1.0, 0)
             rows.append([1.0 / scale, scale, zp, 1.0 if p.static is not None else 0.0])
         quant[name] = np.array(rows if name != last else rows[0], np.float32)
@@ -114,7 +121,7 @@ class FusedStep:
         cfg = net.cfg
         if net.device.type != "cpu" or net.tgt_table.dtype != torch.float32 or cfg.activation not in ACTIVATIONS:
             return None
-        itemsize = 1 if isinstance(model.out_proj, QuantizedLinear) else 4
+        itemsize = 1 if isinstance(model.out_proj, QuantizedLinear) or net.rows8 else 4
         D, F, L = cfg.d_model, cfg.d_ff, cfg.decoder_layers
         if (L * (6 * D * D + 2 * D * F) + cfg.tgt_vocab_size * D) * itemsize > MAX_WEIGHT_BYTES:
             return None
@@ -125,12 +132,12 @@ class FusedStep:
                     "cross_o": [layer.cross_attn.out_proj], "fc1": [layer.ff.fc1], "fc2": [layer.ff.fc2]}
                    for layer in decoder]
         for name in PRODUCTS:
-            per_layer = [_weights(products[name]) for products in linears]
+            per_layer = [_weights(products[name], net.rows8) for products in linears]
             if any(got is None for got in per_layer):
                 return None
             for key, part in zip(("w", "s", "b"), zip(*per_layer, strict=True), strict=True):
                 arrays[f"{key}_{name}"] = np.ascontiguousarray(np.stack(part))
-        out = _weights([model.out_proj])
+        out = _weights([model.out_proj], net.rows8)
         if out is None:
             return None
         arrays["w_out"], arrays["s_out"], b_out = out

@@ -12,7 +12,9 @@ Products are the same as the frozen network's:
   is quantized to 7 bits and each output is an exact integer sum, then scaled as fbgemm does. Where numba compiles
   for AVX2 (`INT8_DOT`) the sums are AVX2's byte products, as in fbgemm (`_dot_u8s8`, an LLVM intrinsic emitted
   here); elsewhere they are computed in float32 (products of at most 127 x 128 summed over at most 1,024 terms stay
-  below 2^24, where float32 holds every integer). The same integers either way.
+  below 2^24, where float32 holds every integer). The same integers either way;
+- int8 with a scale per input row (`model.projection.Rows8`, models without fixed ranges): CTranslate2's int8
+  arithmetic with exact sums (`_rows_s8`), AVX2's byte products of signed inputs where numba compiles for AVX2.
 
 The compiled functions themselves are in this one file; the IR of the byte products (`_emit_dots`) too, for the
 same reason. Everything runs on the calling thread. (Products cut over threads with numba's parallel=True were tried and
@@ -68,6 +70,8 @@ def _emit_dots(context: Any, builder: Any, signature: Any, args: Any, count: int
         return cast(Any, cgutils).get_or_insert_function(builder.module, ir.FunctionType(ret, params), name)
 
     ubsw = declare("llvm.x86.avx2.pmadd.ub.sw", _V16I16, _V32I8, _V32I8)
+    sign = declare("llvm.x86.avx2.psign.b", _V32I8, _V32I8, _V32I8)
+    signed = signature.args[0].dtype.signed  # int8 x: |x| times w with x's sign, so that nothing saturates
     wd = declare("llvm.x86.avx2.pmadd.wd", _V8I32, _V16I16, _V16I16)
     reduce = declare("llvm.vector.reduce.add.v8i32", _I32, _V8I32)
 
@@ -82,20 +86,24 @@ def _emit_dots(context: Any, builder: Any, signature: Any, args: Any, count: int
     with cgutils.for_range(builder, blocks) as loop:
         at = builder.mul(loop.index, ir.Constant(loop.index.type, 32))
         xv = builder.load(builder.bitcast(builder.gep(xp, [at]), _V32I8.as_pointer()), align=1)
+        xu = builder.call(sign, [xv, xv]) if signed else xv
         for wp, acc in zip(wps, accs, strict=True):
             wv = builder.load(builder.bitcast(builder.gep(wp, [at]), _V32I8.as_pointer()), align=1)
-            pairs = builder.call(ubsw, [xv, wv])  # 32 products added in pairs into 16 bits, saturating
+            wv = builder.call(sign, [wv, xv]) if signed else wv
+            pairs = builder.call(ubsw, [xu, wv])  # 32 products added in pairs into 16 bits, saturating
             builder.store(builder.add(builder.load(acc), builder.call(wd, [pairs, ones])), acc)
     return [builder.call(reduce, [builder.load(acc)]) for acc in accs]
 
 
 @intrinsic
 def _dot_u8s8(typingctx, x, x_at, w, w_at, blocks):  # type: ignore[no-untyped-def]  # pragma: no cover - compiled
-    """The sum over k < 32 * blocks of x[x_at + k] * w[w_at + k], bytes of x unsigned and of w signed, as an int32.
+    """The sum over k < 32 * blocks of x[x_at + k] * w[w_at + k], bytes of w signed, as an int32.
 
     AVX2's byte product (`vpmaddubsw`: 32 products added in pairs into 16-bit sums, saturating, as in fbgemm's
-    int8 product) and `vpmaddwd` with ones into eight 32-bit sums, added up at the end. Offsets count bytes. Typed
-    for any arrays, so that a product with float32 weights compiles the branch it never takes."""
+    int8 product) and `vpmaddwd` with ones into eight 32-bit sums, added up at the end. x unsigned (uint8), or
+    signed (int8, within -127..127): then |x| times w with x's sign (`vpsignb`), whose pairs never exceed 2 * 127 *
+    127 and so never saturate. Offsets count bytes. Typed for any arrays, so that a product with float32 weights
+    compiles the branch it never takes."""
     def codegen(context, builder, signature, args):  # type: ignore[no-untyped-def]
         x, x_at, w, w_at, blocks = args  # one row: any stride will do
         return _emit_dots(context, builder, signature, [x, x_at, w, w_at, blocks, blocks], 1)[0]
@@ -126,12 +134,20 @@ def _act(v: float, kind: int) -> float:  # pragma: no cover - compiled
 def _product(x, w, scale, bias, quant, sums, act, res, y):  # type: ignore[no-untyped-def]  # pragma: no cover
     """y (B, N) = act(x (B, K) @ w (N, K).T * scale + bias) [+ res].
 
-    quant = (1 / input scale, input scale, zero point, on): when on, x is quantized to 0..255 around the zero point
-    first (fbgemm's uint8 input), and the integer sums are scaled by input scale * scale[j]. sums (N,) int32: each
-    int8 weight row's sum (`weight_sums`), for the zero point.
+    quant = (1 / input scale, input scale, zero point, on): when on (1), x is quantized to 0..255 around the zero
+    point first (fbgemm's uint8 input), and the integer sums are scaled by input scale * scale[j]. sums (N,) int32:
+    each int8 weight row's sum (`weight_sums`), for the zero point. on = 2: every row of x takes its own scale
+    (`_rows_s8`, CTranslate2's arithmetic; quant's other entries unused).
     """
     B, K = x.shape
     N = w.shape[0]
+    if quant[3] == 2:
+        _rows_s8(x, w, scale, bias, sums, act, y)  # sums unused: nothing to shift
+        if res.shape[0] == B:
+            for r in range(B):
+                for j in range(N):
+                    y[r, j] += res[r, j]
+        return
     if quant[3] != 0 and INT8_DOT and K % 32 == 0:
         _rows_u8(x, w, scale, bias, quant, sums, act, y)
         if res.shape[0] == B:
@@ -172,9 +188,22 @@ def _rows_u8(x, w, scale, bias, quant, sums, act, y):  # type: ignore[no-untyped
         for k in range(K):
             v = np.float32(np.round(x[r, k] * quant[0])) + zp
             xq[r, k] = np.uint8(min(max(v, np.float32(0.0)), np.float32(255.0)))
+    dots = np.empty((B, N), np.int32)
+    _byte_dots(xq, w, dots)
+    izp = np.int32(zp)
+    for r in range(B):  # a loop of its own, which vectorises
+        for j in range(N):
+            y[r, j] = _act(np.float32(dots[r, j] - izp * sums[j]) * (quant[1] * scale[j]) + bias[j], act)
+
+
+@njit(nogil=True, cache=True)
+def _byte_dots(xq, w, dots):  # type: ignore[no-untyped-def]  # pragma: no cover - compiled
+    """dots (B, N) int32 = xq (B, K) . w (N, K) int8 through AVX2's byte products (K a multiple of 32); xq uint8
+    (each pair of neighbouring products saturating to int16, as `vpmaddubsw` does) or int8 (exact)."""
+    B, K = xq.shape
+    N = w.shape[0]
     blocks = K // 32
     stride = w.strides[0]
-    dots = np.empty((B, N), np.int32)
     N4 = N - N % 4
     for j in range(0, N4, 4):  # four weight rows at a time, every input row against them while they are in cache
         for r in range(B):
@@ -183,10 +212,70 @@ def _rows_u8(x, w, scale, bias, quant, sums, act, y):  # type: ignore[no-untyped
     for j in range(N4, N):
         for r in range(B):
             dots[r, j] = _dot_u8s8(xq, r * K, w, j * stride, blocks)  # type: ignore[call-arg]
-    izp = np.int32(zp)
-    for r in range(B):  # a loop of its own, which vectorises
+
+
+@njit(nogil=True, cache=True)
+def _int_dots(xq, w, dots):  # type: ignore[no-untyped-def]  # pragma: no cover - compiled
+    """`_byte_dots` of int8 xq without AVX2, or for any K: exact int32 sums."""
+    B, K = xq.shape
+    N = w.shape[0]
+    for r in range(B):
         for j in range(N):
-            y[r, j] = _act(np.float32(dots[r, j] - izp * sums[j]) * (quant[1] * scale[j]) + bias[j], act)
+            acc = np.int32(0)
+            for k in range(K):
+                acc += np.int32(xq[r, k]) * np.int32(w[j, k])
+            dots[r, j] = acc
+
+
+@njit(fastmath=FAST, nogil=True, cache=True)
+def _amax(x):  # type: ignore[no-untyped-def]  # pragma: no cover - compiled
+    """max |x| of a row: exact in any order, so it may vectorise."""
+    m = np.float32(0.0)
+    for v in x:
+        m = max(m, abs(v))
+    return m
+
+
+@njit(fastmath=FAST, nogil=True, cache=True)
+def _round_into(x, a, xq):  # type: ignore[no-untyped-def]  # pragma: no cover - compiled
+    """xq = round(x * a), half to even, into int8: one product and one rounding each, in any order."""
+    for k in range(x.shape[0]):
+        xq[k] = np.int8(np.rint(x[k] * a))
+
+
+@njit(nogil=True, cache=True)  # no fastmath: each rounding in CTranslate2's order
+def _rows_s8(x, w, scale, bias, sums, act, y):  # type: ignore[no-untyped-def]  # pragma: no cover - compiled
+    """`_product` with int8 quantized per input row (quant[3] == 2), CTranslate2's int8 arithmetic: each input row
+    quantized on its own (scale 127 / max |x|, rounded half to even), the weights per output row
+    (`quantize_rows`; scale[j] is row j's 127 / max |w|), exact integer sums, and y = sum * (1 / input scale) /
+    scale[j] + bias[j]. (CTranslate2 on a CPU without VNNI shifts the input into bytes and lets AVX2 saturate pairs
+    of products; it has VNNI's exact sums elsewhere. These are the exact ones, on every CPU.)"""
+    B, K = x.shape
+    N = w.shape[0]
+    xq = np.empty((B, K), np.int8)
+    inv = np.empty(B, np.float32)
+    for r in range(B):
+        amax = _amax(x[r])
+        a = np.float32(127.0) / amax if amax != 0 else np.float32(1.0)
+        _round_into(x[r], a, xq[r])
+        inv[r] = np.float32(1.0) / a
+    dots = np.empty((B, N), np.int32)
+    if INT8_DOT and K % 32 == 0:
+        _byte_dots(xq, w, dots)
+    else:
+        _int_dots(xq, w, dots)
+    for r in range(B):
+        for j in range(N):
+            y[r, j] = _act(np.float32(dots[r, j]) * inv[r] / scale[j] + bias[j], act)
+
+
+def quantize_rows(w: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Weights (N, K) float32 -> int8 (N, K) and a scale per row, as CTranslate2's converter quantizes them: scale
+    127 / max |w| (1 for a row of zeros), round(w * scale) in float32 (`_rows_s8`'s weights)."""
+    w = np.asarray(w, np.float32)
+    amax = np.abs(w).max(1)
+    scale = np.where(amax != 0, np.float32(127.0) / np.where(amax != 0, amax, 1), 1).astype(np.float32)
+    return np.rint(w * scale[:, None]).astype(np.int8), scale
 
 
 def weight_sums(w: np.ndarray) -> np.ndarray:

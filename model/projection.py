@@ -8,9 +8,12 @@ modules) the same structure through F.linear or the quantized modules. model/fro
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any, cast
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
@@ -79,7 +82,8 @@ class Projection:
     """
 
     def __init__(self, linears: Sequence[nn.Module], activation: str | None = None, bias: Tensor | None = None,
-                 prepack: bool = True, half: bool = False) -> None:
+                 prepack: bool = True, half: bool = False, rows8: bool = False) -> None:
+        self.activation = activation
         self.act = ACTIVATION_FUNCTIONS[activation] if activation else None
         self.post_op = ONEDNN_ACTIVATIONS[activation] if activation else ("none", "")
         self.int8: Any = None  # fbgemm's packed weight and bias
@@ -90,6 +94,7 @@ class Projection:
         self.weight: Tensor | None = None
         self.bias: Tensor | None = None
         self.one_row: Tensor | None = None  # (in, out) contiguous: the plain GEMM for one row (ONE_ROW_PLAIN_MAX)
+        self.rows8: Rows8 | None = None  # int8 with a scale per input row (`rows8=True`)
         with torch.no_grad():
             if all(isinstance(m, QuantizedLinear) for m in linears):
                 bias = bias.detach() if bias is not None else None
@@ -99,6 +104,9 @@ class Projection:
             weight = (dense[0].weight if len(dense) == 1 else torch.cat([m.weight for m in dense])).detach()
             bias = bias if bias is not None else stacked_bias(dense)
             self.bias = bias.detach() if bias is not None else None
+            if rows8:
+                self.rows8 = Rows8(weight, self.bias, activation)
+                return
             if half:
                 if weight.device.type != "cpu" or weight.dtype != torch.float32:
                     raise ValueError("float16 weights with float32 arithmetic run on the CPU, from float32 weights")
@@ -126,6 +134,9 @@ class Projection:
     def __call__(self, x: Tensor, residual: Tensor | None = None) -> Tensor:
         if self.observed is not None:
             self.observed = torch.minimum(self.observed, torch.stack([x.min(), -x.max()]))
+        if self.rows8 is not None:
+            y = self.rows8(x)
+            return y if residual is None else y + residual
         if self.one_row is not None and x.numel() == x.shape[-1]:
             flat = x.reshape(1, -1)
             y = torch.addmm(self.bias, flat, self.one_row) if self.bias is not None else flat @ self.one_row
@@ -151,3 +162,56 @@ class Projection:
                 y = F.linear(x, cast(Tensor, self.weight), self.bias)
             y = self.act(y) if self.act is not None else y
         return y if residual is None else y + residual
+
+
+class Rows8:
+    """int8 products whose every input row takes its own scale: CTranslate2's int8 arithmetic (`rows8=True`).
+
+    The weights are quantized per output row as CTranslate2's converter does (`model.kernels.quantize_rows`); each
+    input row is quantized on its own when multiplied (scale 127 / max |x|), so a row's result never depends on the
+    other rows of its call, with no ranges to measure first. The products are the fused step's
+    (`model.kernels._product`, AVX2's byte products where numba compiles for them), and a large one is cut by its
+    outputs over the torch threads (SPLIT_MIN_MACS), each output computed as uncut. CPU only.
+    """
+
+    QUANT = np.array([0.0, 0.0, 0.0, 2.0], np.float32)  # `_product`'s marker of this arithmetic
+    SPLIT_MIN_MACS = 1 << 20  # products of at least this many multiply-adds are cut over the torch threads
+    pool: ThreadPoolExecutor | None = None
+
+    def __init__(self, weight: Tensor, bias: Tensor | None, activation: str | None) -> None:
+        from model.kernels import ACTIVATIONS, quantize_rows, weight_sums  # numba: the CPU's int8 only
+
+        if weight.device.type != "cpu":
+            raise ValueError("int8 with a scale per row runs on the CPU")
+        self.q, self.scale = quantize_rows(weight.detach().float().numpy())
+        self.sums = weight_sums(self.q)
+        self.bias = (bias.detach().float().numpy().copy() if bias is not None
+                     else np.zeros(self.q.shape[0], np.float32))
+        self.act = ACTIVATIONS[activation]
+
+    def __call__(self, x: Tensor) -> Tensor:
+        flat = np.ascontiguousarray(x.detach().reshape(-1, x.shape[-1]).float().numpy())
+        (B, K), N = flat.shape, self.q.shape[0]
+        threads = torch.get_num_threads()
+        if threads == 1 or B * N * K < self.SPLIT_MIN_MACS or 8 * threads > N:
+            y = np.empty((B, N), np.float32)
+            self._part(flat, 0, N, y)
+        else:  # the compiled product releases the GIL: the parts run at once
+            cuts = [N * i // threads // 4 * 4 for i in range(threads)] + [N]
+            outs = [np.empty((B, b - a), np.float32) for a, b in itertools.pairwise(cuts)]
+            if Rows8.pool is None:
+                Rows8.pool = ThreadPoolExecutor(thread_name_prefix="tolk-int8")
+            waits = [Rows8.pool.submit(self._part, flat, a, b, out)
+                     for (a, b), out in zip(itertools.pairwise(cuts[1:]), outs[1:], strict=True)]
+            self._part(flat, cuts[0], cuts[1], outs[0])
+            for wait in waits:
+                wait.result()
+            y = np.concatenate(outs, 1)
+        return torch.from_numpy(y).view(*x.shape[:-1], -1)
+
+    def _part(self, flat: np.ndarray, a: int, b: int, out: np.ndarray) -> None:
+        """Outputs a..b-1 of the product into out (B, b - a)."""
+        from model.kernels import _product
+
+        _product(flat, self.q[a:b], self.scale[a:b], self.bias[a:b], self.QUANT,
+                 self.sums[a:b], self.act, np.empty((0, 0), np.float32), out)

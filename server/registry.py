@@ -17,6 +17,7 @@ from typing import Any
 
 from starlette.concurrency import run_in_threadpool
 
+from model.calibrate import RANGES_FILE
 from model.checkpoint import ModelMeta, read_meta, resolve_device
 from model.generation import GenerationConfig
 from server import limits
@@ -106,12 +107,19 @@ class ServedModel:
         """The languages it translates into: its target, or a multilingual model's token languages."""
         return sorted(self.tokens) if self.tokens else [self.target]
 
+    @property
+    def int8(self) -> str | None:
+        """How int8 products quantize their input (`model.checkpoint.INT8_ARITHMETIC`), as `load` picks it."""
+        if self.dtype != "int8":
+            return None
+        return "ranges" if (self.meta.path / RANGES_FILE).is_file() else "rows"
+
     def describe(self) -> dict[str, Any]:
         ready = self.scheduler.ready
         return {
             "name": self.name, "source": self.source, "target": self.target, "targets": self.targets,
             "device": ready.device if ready else self.scheduler.target.device, "dtype": self.dtype,
-            "loaded": self.scheduler.running,
+            "int8": self.int8, "loaded": self.scheduler.running,
             "parameters": ready.parameters if ready else None, "config": self.meta.cfg.to_dict(),
             "running": self.scheduler.running, "rows": self.scheduler.settings.max_batch_rows,
         }

@@ -59,7 +59,7 @@ def test_calibrated_int8_decodes_alone_as_in_any_batch(tiny_model_dir: Path, tmp
     directory = calibrated_copy(tiny_model_dir, tmp_path / "model")
     lm = checkpoint.load(directory, device="cpu", dtype="int8")
     assert all(p.static is not None for p in lm.net.projections().values())
-    dynamic = checkpoint.load(directory, device="cpu", dtype="int8", int8_ranges=False)
+    dynamic = checkpoint.load(directory, device="cpu", dtype="int8", int8="dynamic")
     assert all(p.static is None for p in dynamic.net.projections().values())
     sources = [lm.tokenizer.encode(s) for s in MIXED]
     fused = lm.net.fused  # None without numba (the GPU script's bare machine)

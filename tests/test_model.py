@@ -454,19 +454,20 @@ def test_step_goes_through_the_batch_forward(loaded: checkpoint.LoadedModel, sou
         step(batch)
 
 
-@pytest.mark.parametrize("dtype", ["float32", "int8", "float16w"])
-def test_a_decoding_process_keeps_the_weights_once(tiny_model_dir: Path, dtype: str) -> None:
+@pytest.mark.parametrize(("dtype", "int8"), [("float32", "auto"), ("int8", "rows"), ("int8", "dynamic"),
+                                           ("float16w", "auto")])
+def test_a_decoding_process_keeps_the_weights_once(tiny_model_dir: Path, dtype: str, int8: str) -> None:
     """keep_modules=False (what the batcher loads) drops the modules' linear weights and decodes the same."""
-    full = checkpoint.load(tiny_model_dir, device="cpu", dtype=dtype)
-    lean = checkpoint.load(tiny_model_dir, device="cpu", dtype=dtype, keep_modules=False)
+    full = checkpoint.load(tiny_model_dir, device="cpu", dtype=dtype, int8=int8)
+    lean = checkpoint.load(tiny_model_dir, device="cpu", dtype=dtype, keep_modules=False, int8=int8)
     sources = [full.tokenizer.encode(s) for s in SOURCES]
     for config in (GenerationConfig(max_new_tokens=12), GenerationConfig(beam_size=3, max_new_tokens=12)):
         assert generate(lean.net, sources, config) == generate(full.net, sources, config)
-    if dtype == "float32":
+    if dtype == "float32" or int8 == "rows":
         linears = [m for m in lean.model.modules() if type(m) is nn.Linear]
         assert linears and all(m.weight.numel() == 0 for m in linears)
         assert lean.parameters == full.parameters and lean.device == full.device
-    if dtype == "int8":
+    if int8 == "dynamic":
         quantized = [m for m in lean.model.modules() if isinstance(m, QuantizedLinear)]
         assert quantized and all(m.weight().numel() == 1 for m in quantized)
 
