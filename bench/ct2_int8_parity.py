@@ -16,6 +16,10 @@ replaced by one of these emulations (greedy, one sentence at a time, one thread)
 - `exact`: per-row int8 activations, exact integer sums;
 - `saturated`: the same with each pair of neighbouring products saturated to int16 (AVX2 without VNNI).
 
+Then what the server runs for a model without int8.json, int8 with a scale per row (`checkpoint.load(...,
+int8="rows")`, `model.projection.Rows8`: the `exact` arithmetic, fused step and encoder included), on the model and
+on the CTranslate2 int8 file brought back by `tolk import`'s code.
+
 CTranslate2 float32 on the same file is the reference for how far int8 moves a sentence. Prints a table and writes
 JSON. Never run by the test suite.
 
@@ -42,7 +46,8 @@ sys.path.insert(0, str(ROOT / "bench"))
 
 from ct2_convert import TolkConverter, banned_pieces  # noqa: E402
 
-from model.checkpoint import load  # noqa: E402
+from model.checkpoint import ModelInfo, load  # noqa: E402
+from model.ct2_import import import_ct2  # noqa: E402
 from model.frozen import FrozenTransformer  # noqa: E402
 from model.generation import GenerationConfig  # noqa: E402
 from model.marian_format import spm_pieces  # noqa: E402
@@ -145,12 +150,24 @@ def main() -> None:
     start = time.perf_counter()
     rows.append({"system": "CTranslate2 float32, same file", "same": sum(
         a == b for a, b in zip(ct2("float32"), reference, strict=True))})
+    config = GenerationConfig(max_new_tokens=256, scores=False)
     for mode in MODES:
         net = emulating(args.model, mode)
-        config = GenerationConfig(max_new_tokens=256, scores=False)
         with torch.inference_mode():
             out = [[target_pieces[i] for i in generate(net, [ids], config)[0][0].tokens] for ids in sources]
         rows.append({"system": f"Tolk, {mode}", "same": sum(a == b for a, b in zip(out, reference, strict=True))})
+    # What the server runs: int8 with a scale per row (model.projection.Rows8), the fused step and encoder, on the
+    # model itself and on the CTranslate2 int8 file imported by `tolk import`
+    imported = import_ct2(work, work / "imported", ModelInfo("imported", "und", "und"),
+                          spms=(args.model / "source.spm", args.model / "target.spm"))
+    for system, directory in (("Tolk int8 per row, the model", args.model),
+                              ("Tolk int8 per row, the int8 file imported", imported)):
+        lm = load(directory, device="cpu", dtype="int8", int8="rows")
+        pieces = lm.tokenizer.vocab or spm_pieces(directory / "target.spm")
+        assert pieces == target_pieces  # the import keeps the ids; CTranslate2's file has no add_source_eos, so
+        with torch.inference_mode():   # both models take the very pieces CTranslate2 was given, </s> included
+            out = [[pieces[i] for i in generate(lm.net, [ids], config)[0][0].tokens] for ids in sources]
+        rows.append({"system": system, "same": sum(a == b for a, b in zip(out, reference, strict=True))})
     print(f"\nSentences identical to CTranslate2 {ctranslate2.__version__} int8 ({len(texts)} sentences of "
           f"{args.sentences.name}, greedy; CPU {'with' if vnni() else 'without'} VNNI)\n")
     print("| system | same sentences |\n|---|---:|")

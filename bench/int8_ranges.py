@@ -25,7 +25,8 @@ from model.search import generate
 
 ROOT = Path(__file__).resolve().parents[1]
 PAIRS = {"en-pt": ("test.en", "test.pt"), "pt-en": ("test.pt", "test.en")}
-VARIANTS = {"float32": ("float32", True), "int8 dynamic": ("int8", False), "int8 fixed ranges": ("int8", True)}
+VARIANTS = {"float32": ("float32", "auto"), "int8 dynamic": ("int8", "dynamic"),
+            "int8 fixed ranges": ("int8", "ranges"), "int8 per row": ("int8", "rows")}
 
 
 def tokens(lm: checkpoint.LoadedModel, sources: list[list[int]]) -> list[list[int]]:
@@ -59,8 +60,8 @@ def main() -> None:
     for pair, (src_name, ref_name) in PAIRS.items():
         src = (args.corpus / src_name).read_text().splitlines()[: args.limit]
         ref = (args.corpus / ref_name).read_text().splitlines()[: args.limit]
-        models = {name: checkpoint.load(ROOT / "weights" / pair, device="cpu", dtype=dtype, int8_ranges=ranges)
-                  for name, (dtype, ranges) in VARIANTS.items()}
+        models = {name: checkpoint.load(ROOT / "weights" / pair, device="cpu", dtype=dtype, int8=arithmetic)
+                  for name, (dtype, arithmetic) in VARIANTS.items()}
         sources = [models["float32"].tokenizer.encode(s) for s in src]
         speed: dict[str, float] = {}
         out: dict[str, list[list[int]]] = {}
