@@ -13,8 +13,8 @@ Products are the same as the frozen network's:
   for AVX2 (`INT8_DOT`) the sums are AVX2's byte products, as in fbgemm (`_dot_u8s8`, an LLVM intrinsic emitted
   here); elsewhere they are computed in float32 (products of at most 127 x 128 summed over at most 1,024 terms stay
   below 2^24, where float32 holds every integer). The same integers either way;
-- int8 with a scale per input row (`model.projection.Rows8`, models without fixed ranges): CTranslate2's int8
-  arithmetic with exact sums (`_rows_s8`), AVX2's byte products of signed inputs where numba compiles for AVX2.
+- int8 with a scale per input row (`model.projection.Rows8`, models without fixed ranges): 7 bits per row around
+  its own largest value, exact sums (`_rows_own`), bit for bit as `Rows8` computes them through fbgemm.
 
 The compiled functions themselves are in this one file; the IR of the byte products (`_emit_dots`) too, for the
 same reason. Everything runs on the calling thread. (Products cut over threads with numba's parallel=True were tried and
@@ -70,8 +70,6 @@ def _emit_dots(context: Any, builder: Any, signature: Any, args: Any, count: int
         return cast(Any, cgutils).get_or_insert_function(builder.module, ir.FunctionType(ret, params), name)
 
     ubsw = declare("llvm.x86.avx2.pmadd.ub.sw", _V16I16, _V32I8, _V32I8)
-    sign = declare("llvm.x86.avx2.psign.b", _V32I8, _V32I8, _V32I8)
-    signed = signature.args[0].dtype.signed  # int8 x: |x| times w with x's sign, so that nothing saturates
     wd = declare("llvm.x86.avx2.pmadd.wd", _V8I32, _V16I16, _V16I16)
     reduce = declare("llvm.vector.reduce.add.v8i32", _I32, _V8I32)
 
@@ -86,24 +84,20 @@ def _emit_dots(context: Any, builder: Any, signature: Any, args: Any, count: int
     with cgutils.for_range(builder, blocks) as loop:
         at = builder.mul(loop.index, ir.Constant(loop.index.type, 32))
         xv = builder.load(builder.bitcast(builder.gep(xp, [at]), _V32I8.as_pointer()), align=1)
-        xu = builder.call(sign, [xv, xv]) if signed else xv
         for wp, acc in zip(wps, accs, strict=True):
             wv = builder.load(builder.bitcast(builder.gep(wp, [at]), _V32I8.as_pointer()), align=1)
-            wv = builder.call(sign, [wv, xv]) if signed else wv
-            pairs = builder.call(ubsw, [xu, wv])  # 32 products added in pairs into 16 bits, saturating
+            pairs = builder.call(ubsw, [xv, wv])  # 32 products added in pairs into 16 bits, saturating
             builder.store(builder.add(builder.load(acc), builder.call(wd, [pairs, ones])), acc)
     return [builder.call(reduce, [builder.load(acc)]) for acc in accs]
 
 
 @intrinsic
 def _dot_u8s8(typingctx, x, x_at, w, w_at, blocks):  # type: ignore[no-untyped-def]  # pragma: no cover - compiled
-    """The sum over k < 32 * blocks of x[x_at + k] * w[w_at + k], bytes of w signed, as an int32.
+    """The sum over k < 32 * blocks of x[x_at + k] * w[w_at + k], bytes of x unsigned and of w signed, as an int32.
 
     AVX2's byte product (`vpmaddubsw`: 32 products added in pairs into 16-bit sums, saturating, as in fbgemm's
-    int8 product) and `vpmaddwd` with ones into eight 32-bit sums, added up at the end. x unsigned (uint8), or
-    signed (int8, within -127..127): then |x| times w with x's sign (`vpsignb`), whose pairs never exceed 2 * 127 *
-    127 and so never saturate. Offsets count bytes. Typed for any arrays, so that a product with float32 weights
-    compiles the branch it never takes."""
+    int8 product) and `vpmaddwd` with ones into eight 32-bit sums, added up at the end. Offsets count bytes. Typed
+    for any arrays, so that a product with float32 weights compiles the branch it never takes."""
     def codegen(context, builder, signature, args):  # type: ignore[no-untyped-def]
         x, x_at, w, w_at, blocks = args  # one row: any stride will do
         return _emit_dots(context, builder, signature, [x, x_at, w, w_at, blocks, blocks], 1)[0]
@@ -137,12 +131,12 @@ def _product(x, w, scale, bias, quant, sums, act, res, y):  # type: ignore[no-un
     quant = (1 / input scale, input scale, zero point, on): when on (1), x is quantized to 0..255 around the zero
     point first (fbgemm's uint8 input), and the integer sums are scaled by input scale * scale[j]. sums (N,) int32:
     each int8 weight row's sum (`weight_sums`), for the zero point. on = 2: every row of x takes its own scale
-    (`_rows_s8`, CTranslate2's arithmetic; quant's other entries unused).
+    (`_rows_own`; quant's other entries unused).
     """
     B, K = x.shape
     N = w.shape[0]
     if quant[3] == 2:
-        _rows_s8(x, w, scale, bias, sums, act, y)  # sums unused: nothing to shift
+        _rows_own(x, w, scale, bias, sums, act, y)
         if res.shape[0] == B:
             for r in range(B):
                 for j in range(N):
@@ -198,8 +192,8 @@ def _rows_u8(x, w, scale, bias, quant, sums, act, y):  # type: ignore[no-untyped
 
 @njit(nogil=True, cache=True)
 def _byte_dots(xq, w, dots):  # type: ignore[no-untyped-def]  # pragma: no cover - compiled
-    """dots (B, N) int32 = xq (B, K) . w (N, K) int8 through AVX2's byte products (K a multiple of 32); xq uint8
-    (each pair of neighbouring products saturating to int16, as `vpmaddubsw` does) or int8 (exact)."""
+    """dots (B, N) int32 = xq (B, K) uint8 . w (N, K) int8 through AVX2's byte products (K a multiple of 32): exact
+    for inputs of at most 7 bits (0..127), whose pairs of products cannot saturate."""
     B, K = xq.shape
     N = w.shape[0]
     blocks = K // 32
@@ -216,7 +210,7 @@ def _byte_dots(xq, w, dots):  # type: ignore[no-untyped-def]  # pragma: no cover
 
 @njit(nogil=True, cache=True)
 def _int_dots(xq, w, dots):  # type: ignore[no-untyped-def]  # pragma: no cover - compiled
-    """`_byte_dots` of int8 xq without AVX2, or for any K: exact int32 sums."""
+    """`_byte_dots` without AVX2, or for any K: exact int32 sums."""
     B, K = xq.shape
     N = w.shape[0]
     for r in range(B):
@@ -238,27 +232,25 @@ def _amax(x):  # type: ignore[no-untyped-def]  # pragma: no cover - compiled
 
 @njit(fastmath=FAST, nogil=True, cache=True)
 def _round_into(x, a, xq):  # type: ignore[no-untyped-def]  # pragma: no cover - compiled
-    """xq = round(x * a), half to even, into int8: one product and one rounding each, in any order."""
+    """xq = round(x * a) + 64 (half to even) into bytes: one product and one rounding each, in any order."""
     for k in range(x.shape[0]):
-        xq[k] = np.int8(np.rint(x[k] * a))
+        xq[k] = np.uint8(np.int32(np.rint(x[k] * a)) + 64)
 
 
-@njit(nogil=True, cache=True)  # no fastmath: each rounding in CTranslate2's order
-def _rows_s8(x, w, scale, bias, sums, act, y):  # type: ignore[no-untyped-def]  # pragma: no cover - compiled
-    """`_product` with int8 quantized per input row (quant[3] == 2), CTranslate2's int8 arithmetic: each input row
-    quantized on its own (scale 127 / max |x|, rounded half to even), the weights per output row
-    (`quantize_rows`; scale[j] is row j's 127 / max |w|), exact integer sums, and y = sum * (1 / input scale) /
-    scale[j] + bias[j]. (CTranslate2 on a CPU without VNNI shifts the input into bytes and lets AVX2 saturate pairs
-    of products; it has VNNI's exact sums elsewhere. These are the exact ones, on every CPU.)"""
+@njit(nogil=True, cache=True)  # no fastmath: each rounding as fbgemm's product rounds (`Rows8`)
+def _rows_own(x, w, scale, bias, sums, act, y):  # type: ignore[no-untyped-def]  # pragma: no cover - compiled
+    """`_product` with a scale per input row (quant[3] == 2, `model.projection.Rows8`): row r quantized on its own
+    with a = 63 / max |x[r]| into 7 bits around 64 (pairs of byte products cannot saturate), exact integer sums with
+    the int8 weights (one multiplier scale[j] per output row, `quantize_rows`), and
+    y = (sum * scale[j]) / a + bias[j]: bit for bit what `Rows8` computes through fbgemm."""
     B, K = x.shape
     N = w.shape[0]
-    xq = np.empty((B, K), np.int8)
-    inv = np.empty(B, np.float32)
+    xq = np.empty((B, K), np.uint8)
+    a = np.empty(B, np.float32)
     for r in range(B):
         amax = _amax(x[r])
-        a = np.float32(127.0) / amax if amax != 0 else np.float32(1.0)
-        _round_into(x[r], a, xq[r])
-        inv[r] = np.float32(1.0) / a
+        a[r] = np.float32(63.0) / amax if amax != 0 else np.float32(1.0)
+        _round_into(x[r], a[r], xq[r])
     dots = np.empty((B, N), np.int32)
     if INT8_DOT and K % 32 == 0:
         _byte_dots(xq, w, dots)
@@ -266,16 +258,38 @@ def _rows_s8(x, w, scale, bias, sums, act, y):  # type: ignore[no-untyped-def]  
         _int_dots(xq, w, dots)
     for r in range(B):
         for j in range(N):
-            y[r, j] = _act(np.float32(dots[r, j]) * inv[r] / scale[j] + bias[j], act)
+            v = np.float32(dots[r, j] - np.int32(64) * sums[j]) * scale[j]
+            y[r, j] = _act(v / a[r] + bias[j], act)
+
+
+@njit(nogil=True, cache=True)
+def scale_rows(x, xs, a):  # type: ignore[no-untyped-def]  # pragma: no cover - compiled
+    """`_rows_own`'s input scales for fbgemm (`Rows8`): a[r] = 63 / max |x[r]| (1 for a row of zeros), xs = x * a."""
+    for r in range(x.shape[0]):
+        amax = _amax(x[r])
+        ar = np.float32(63.0) / amax if amax != 0 else np.float32(1.0)
+        a[r] = ar
+        row, out = x[r], xs[r]
+        for k in range(x.shape[1]):
+            out[k] = row[k] * ar
+
+
+@njit(nogil=True, cache=True)
+def unscale_rows(y, a, bias, act):  # type: ignore[no-untyped-def]  # pragma: no cover - compiled
+    """fbgemm's output of `scale_rows`' input back to `_rows_own`'s: y = act(y / a + bias), in place."""
+    for r in range(y.shape[0]):
+        for j in range(y.shape[1]):
+            y[r, j] = _act(y[r, j] / a[r] + bias[j], act)
 
 
 def quantize_rows(w: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Weights (N, K) float32 -> int8 (N, K) and a scale per row, as CTranslate2's converter quantizes them: scale
-    127 / max |w| (1 for a row of zeros), round(w * scale) in float32 (`_rows_s8`'s weights)."""
+    """Weights (N, K) float32 -> int8 (N, K) and a multiplier per row: round(w * 127 / max |w|), and max |w| / 127
+    (1 for a row of zeros), as float32 (`_rows_own`'s and `Rows8`'s weights)."""
     w = np.asarray(w, np.float32)
     amax = np.abs(w).max(1)
-    scale = np.where(amax != 0, np.float32(127.0) / np.where(amax != 0, amax, 1), 1).astype(np.float32)
-    return np.rint(w * scale[:, None]).astype(np.int8), scale
+    nonzero = np.where(amax != 0, amax, 1).astype(np.float32)
+    q = np.rint(w * (np.float32(127.0) / nonzero)[:, None]).astype(np.int8)
+    return q, np.where(amax != 0, amax.astype(np.float64) / 127, 1.0).astype(np.float32)
 
 
 def weight_sums(w: np.ndarray) -> np.ndarray:

@@ -8,9 +8,8 @@ modules) the same structure through F.linear or the quantized modules. model/fro
 
 from __future__ import annotations
 
-import itertools
+import warnings
 from collections.abc import Sequence
-from concurrent.futures import ThreadPoolExecutor
 from typing import Any, cast
 
 import numpy as np
@@ -165,53 +164,39 @@ class Projection:
 
 
 class Rows8:
-    """int8 products whose every input row takes its own scale: CTranslate2's int8 arithmetic (`rows8=True`).
+    """int8 products whose every input row takes its own scale (`rows8=True`): a row's result never depends on the
+    other rows of its call, with no input ranges to measure first (`model.calibrate`).
 
-    The weights are quantized per output row as CTranslate2's converter does (`model.kernels.quantize_rows`); each
-    input row is quantized on its own when multiplied (scale 127 / max |x|), so a row's result never depends on the
-    other rows of its call, with no ranges to measure first. The products are the fused step's
-    (`model.kernels._product`, AVX2's byte products where numba compiles for them), and a large one is cut by its
-    outputs over the torch threads (SPLIT_MIN_MACS), each output computed as uncut. CPU only.
+    The weights are quantized per output row (`model.kernels.quantize_rows`: 127 steps each side of zero). Each input
+    row is scaled by a = 63 / max |x| and quantized by fbgemm with scale 1 around 64: 7 bits of its own, whose pairs
+    of AVX2's byte products cannot saturate. The sums are exact, and y = fbgemm's output / a + bias
+    (`kernels.scale_rows`, `kernels.unscale_rows`). The fused step computes the same numbers bit for bit
+    (`model.kernels._rows_own`). CPU only.
     """
 
-    QUANT = np.array([0.0, 0.0, 0.0, 2.0], np.float32)  # `_product`'s marker of this arithmetic
-    SPLIT_MIN_MACS = 1 << 20  # products of at least this many multiply-adds are cut over the torch threads
-    pool: ThreadPoolExecutor | None = None
+    QUANT = np.array([0.0, 0.0, 0.0, 2.0], np.float32)  # `model.kernels._product`'s marker of this arithmetic
 
     def __init__(self, weight: Tensor, bias: Tensor | None, activation: str | None) -> None:
-        from model.kernels import ACTIVATIONS, quantize_rows, weight_sums  # numba: the CPU's int8 only
+        from model.kernels import ACTIVATIONS, quantize_rows, scale_rows, unscale_rows  # numba: the CPU's int8 only
 
         if weight.device.type != "cpu":
             raise ValueError("int8 with a scale per row runs on the CPU")
-        self.q, self.scale = quantize_rows(weight.detach().float().numpy())
-        self.sums = weight_sums(self.q)
+        self.scale_rows, self.unscale_rows = scale_rows, unscale_rows
+        self.product = torch.ops.quantized.linear_with_input_q_dq_qweight_dq_output_fp32
+        q, scale = quantize_rows(weight.detach().float().numpy())
         self.bias = (bias.detach().float().numpy().copy() if bias is not None
-                     else np.zeros(self.q.shape[0], np.float32))
+                     else np.zeros(q.shape[0], np.float32))
         self.act = ACTIVATIONS[activation]
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # torch's notice that quantized tensors are deprecated
+            w = torch._make_per_channel_quantized_tensor(torch.from_numpy(q), torch.from_numpy(scale).double(),
+                                                         torch.zeros(len(q), dtype=torch.long), 0)
+        self.packed = torch.ops.quantized.linear_prepack(w, None)
 
     def __call__(self, x: Tensor) -> Tensor:
-        flat = np.ascontiguousarray(x.detach().reshape(-1, x.shape[-1]).float().numpy())
-        (B, K), N = flat.shape, self.q.shape[0]
-        threads = torch.get_num_threads()
-        if threads == 1 or B * N * K < self.SPLIT_MIN_MACS or 8 * threads > N:
-            y = np.empty((B, N), np.float32)
-            self._part(flat, 0, N, y)
-        else:  # the compiled product releases the GIL: the parts run at once
-            cuts = [N * i // threads // 4 * 4 for i in range(threads)] + [N]
-            outs = [np.empty((B, b - a), np.float32) for a, b in itertools.pairwise(cuts)]
-            if Rows8.pool is None:
-                Rows8.pool = ThreadPoolExecutor(thread_name_prefix="tolk-int8")
-            waits = [Rows8.pool.submit(self._part, flat, a, b, out)
-                     for (a, b), out in zip(itertools.pairwise(cuts[1:]), outs[1:], strict=True)]
-            self._part(flat, cuts[0], cuts[1], outs[0])
-            for wait in waits:
-                wait.result()
-            y = np.concatenate(outs, 1)
-        return torch.from_numpy(y).view(*x.shape[:-1], -1)
-
-    def _part(self, flat: np.ndarray, a: int, b: int, out: np.ndarray) -> None:
-        """Outputs a..b-1 of the product into out (B, b - a)."""
-        from model.kernels import _product
-
-        _product(flat, self.q[a:b], self.scale[a:b], self.bias[a:b], self.QUANT,
-                 self.sums[a:b], self.act, np.empty((0, 0), np.float32), out)
+        flat = np.ascontiguousarray(x.reshape(-1, x.shape[-1]).numpy())
+        xs, a = np.empty_like(flat), np.empty(flat.shape[0], np.float32)
+        self.scale_rows(flat, xs, a)
+        y = self.product(torch.from_numpy(xs), 1.0, 64, self.packed)
+        self.unscale_rows(y.numpy(), a, self.bias, self.act)
+        return cast(Tensor, y).view(*x.shape[:-1], -1)

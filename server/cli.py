@@ -69,6 +69,8 @@ def _serve_arguments(parser: argparse.ArgumentParser) -> None:
                              "Helsinki-NLP/opus-mt-en-de) downloaded into weights/ before serving, unless there")
     parser.add_argument("--device", help="auto | cpu | cuda | cuda:N (default: TOLK_DEVICE or auto)")
     parser.add_argument("--dtype", choices=["auto", "float32", "float16", "bfloat16", "int8", "float16w"])
+    parser.add_argument("--int8", choices=["auto", "rows", "ranges", "dynamic"],
+                        help="int8's arithmetic (default: TOLK_INT8 or auto; docs/server.md)")
     parser.add_argument("--threads", type=int, help="torch threads per model")
     parser.add_argument("--no-batching", action="store_true", help="decode one sentence at a time")
     parser.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
@@ -87,6 +89,7 @@ def serve(args: argparse.Namespace) -> int:
 
     overrides: dict[str, Any] = {k: v for k, v in (
         ("models", args.model), ("device", args.device), ("dtype", args.dtype), ("threads", args.threads),
+        ("int8", args.int8),
     ) if v}
     if args.no_batching:
         overrides["batching"] = False

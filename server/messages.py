@@ -18,12 +18,13 @@ from server.metrics import SchedulerStats
 
 @dataclass(frozen=True)
 class Target:
-    """What a batcher serves: the model directory, loaded on `device` in `dtype`."""
+    """What a batcher serves: the model directory, loaded on `device` in `dtype` (int8: with `int8`'s arithmetic)."""
 
     name: str
     directory: Path
     device: str
     dtype: str
+    int8: str = "auto"
 
 
 # --- down: commands ------------------------------------------------------------------------------------------

@@ -112,6 +112,9 @@ class ServedModel:
         """How int8 products quantize their input (`model.checkpoint.INT8_ARITHMETIC`), as `load` picks it."""
         if self.dtype != "int8":
             return None
+        chosen = self.scheduler.target.int8
+        if chosen != "auto":
+            return chosen
         return "ranges" if (self.meta.path / RANGES_FILE).is_file() else "rows"
 
     def describe(self) -> dict[str, Any]:
@@ -201,7 +204,7 @@ class Registry:
             name = meta.info.name
             if any(m.name == name for m in self.models):
                 raise NoModels(f"two model directories are named {name!r}")
-            scheduler = self._scheduler(Target(name, directory, s.device, dtype), meta)
+            scheduler = self._scheduler(Target(name, directory, s.device, dtype, s.int8), meta)
             if not self.on_demand:
                 scheduler.start()
             served = ServedModel(name, meta, dtype, scheduler, limits.clamp(meta.generation, s), language_tokens(meta),

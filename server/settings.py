@@ -33,6 +33,12 @@ class Settings(BaseSettings):
         "0.2 BLEU of float32 on the shipped model), float32 on a GPU; float16w (CPU): float16 weights, float32 "
         "arithmetic, each sentence's result independent of what shares its batch"
     )
+    int8: Literal["auto", "rows", "ranges", "dynamic"] = Field(
+        default="auto", description="how int8 products quantize their input: auto = the fixed ranges of a model's "
+        "int8.json when it has one, else a scale per input row (both keep a sentence's result independent of its "
+        "batch); dynamic = one scale per call over the batch (faster on large models without int8.json, and a "
+        "sentence can change with its batch)"
+    )
     threads: int | None = Field(default=None, ge=1, le=256, description="torch threads of each scheduler; None = "
                                  "every core but one on the CPU (the event loop needs one), torch's default on a GPU")
 

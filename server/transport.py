@@ -53,7 +53,8 @@ class ThreadTransport:
 
     def start(self, target: Target, settings: Settings, max_source_tokens: int, emit: Emit, timeout: float) -> Ready:
         if self._loaded is None:
-            self._loaded = load(target.directory, device=target.device, dtype=target.dtype, keep_modules=False)
+            self._loaded = load(target.directory, device=target.device, dtype=target.dtype, keep_modules=False,
+                                int8=target.int8)
         self.batcher = Batcher(target.name, self._loaded.net, settings, max_source_tokens, emit)
         cache_bytes = self.batcher.start(timeout)
         return Ready(str(self._loaded.device), self._loaded.parameters, cache_bytes)
@@ -174,7 +175,8 @@ def child_main(target: Target, settings: Settings, max_source_tokens: int, comma
             events.send(message)
 
     try:
-        loaded = load(target.directory, device=target.device, dtype=target.dtype, keep_modules=False)
+        loaded = load(target.directory, device=target.device, dtype=target.dtype, keep_modules=False,
+                      int8=target.int8)
         batcher = Batcher(target.name, loaded.net, settings, max_source_tokens, emit, commands=commands)
         cache_bytes = batcher.start()
     except Exception as exc:

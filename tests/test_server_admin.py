@@ -140,3 +140,7 @@ def test_auto_precision_is_int8_on_the_cpu(tiny_model_dir: Path) -> None:
         assert described["dtype"] == "int8" and described["int8"] == "rows"  # no int8.json: a scale per row
         assert described["parameters"] == checkpoint.load(tiny_model_dir, device="cpu").model.num_parameters()
         assert c.post("/translate", json={"q": "Open the file.", "target": "pt"}).json()["translatedText"].strip()
+    settings = Settings(_env_file=None, models=[tiny_model_dir], device="cpu", int8="dynamic")  # type: ignore[call-arg]
+    with TestClient(create_app(settings)) as c:
+        assert c.get("/models").json()[0]["int8"] == "dynamic"
+        assert c.post("/translate", json={"q": "Open the file.", "target": "pt"}).json()["translatedText"].strip()
