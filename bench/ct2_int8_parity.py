@@ -17,7 +17,7 @@ replaced by one of these emulations (greedy, one sentence at a time, one thread)
 - `saturated`: the same with each pair of neighbouring products saturated to int16 (AVX2 without VNNI).
 
 Then what the server runs for a model without int8.json, int8 with a scale per row (`checkpoint.load(...,
-int8="rows")`, `model.projection.Rows8`: the `exact` arithmetic, fused step and encoder included), on the model and
+int8="rows")`, `model.projection.Rows8`: 7 bits per row, exact sums, fused step and encoder included), on the model and
 on the CTranslate2 int8 file brought back by `tolk import`'s code.
 
 CTranslate2 float32 on the same file is the reference for how far int8 moves a sentence. Prints a table and writes
