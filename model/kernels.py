@@ -277,9 +277,20 @@ def scale_rows(x, xs, a):  # type: ignore[no-untyped-def]  # pragma: no cover - 
 @njit(nogil=True, cache=True)
 def unscale_rows(y, a, bias, act):  # type: ignore[no-untyped-def]  # pragma: no cover - compiled
     """fbgemm's output of `scale_rows`' input back to `_rows_own`'s: y = act(y / a + bias), in place."""
-    for r in range(y.shape[0]):
-        for j in range(y.shape[1]):
-            y[r, j] = _act(y[r, j] / a[r] + bias[j], act)
+    B, N = y.shape
+    zero = np.float32(0.0)
+    for r in range(B):
+        row, ar = y[r], a[r]  # one row at a time: the loops vectorise
+        if act == 1:  # ReLU in the same pass
+            for j in range(N):
+                v = row[j] / ar + bias[j]
+                row[j] = v if v > zero else zero
+            continue
+        for j in range(N):
+            row[j] = row[j] / ar + bias[j]
+        if act != 0:
+            for j in range(N):
+                row[j] = _act(row[j], act)
 
 
 def quantize_rows(w: np.ndarray) -> tuple[np.ndarray, np.ndarray]:

@@ -31,10 +31,10 @@ def written_out(x: np.ndarray, w: np.ndarray, bias: np.ndarray) -> np.ndarray:
     return (sums.astype(np.float32) * scale) / a + bias
 
 
-def fused_product(x: np.ndarray, w: np.ndarray, bias: np.ndarray) -> np.ndarray:
+def fused_product(x: np.ndarray, w: np.ndarray, bias: np.ndarray, act: int = 0) -> np.ndarray:
     q, scale = quantize_rows(w)
     y = np.empty((x.shape[0], w.shape[0]), np.float32)
-    _product(x, q, scale, bias, Rows8.QUANT, weight_sums(q), 0, np.empty((0, 0), np.float32), y)
+    _product(x, q, scale, bias, Rows8.QUANT, weight_sums(q), act, np.empty((0, 0), np.float32), y)
     return y
 
 
@@ -51,6 +51,10 @@ def test_the_fused_and_the_operator_product_are_one_arithmetic(rows: int, inputs
     assert np.array_equal(fused_product(x, w, bias), expected)
     assert np.array_equal(Rows8(torch.from_numpy(w), torch.from_numpy(bias), None)(torch.from_numpy(x)).numpy(),
                           expected)
+    relu = np.maximum(expected, 0)  # and with the activation applied in the same pass
+    assert np.array_equal(fused_product(x, w, bias, act=1), relu)
+    assert np.array_equal(Rows8(torch.from_numpy(w), torch.from_numpy(bias), "relu")(torch.from_numpy(x)).numpy(),
+                          relu)
     assert np.abs(expected - (x @ w.T + bias)).max() <= 0.05 * np.abs(x @ w.T).max()  # still the product
 
 
