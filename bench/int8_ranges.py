@@ -14,6 +14,7 @@ from __future__ import annotations
 import argparse
 import json
 import random
+import sys
 import time
 from pathlib import Path
 
@@ -24,6 +25,10 @@ from model import checkpoint
 from model.search import generate
 
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "bench"))
+
+from int8_products import cpu_flags  # noqa: E402
+
 PAIRS = {"en-pt": ("test.en", "test.pt"), "pt-en": ("test.pt", "test.en")}
 VARIANTS = {"float32": ("float32", "auto"), "int8 dynamic": ("int8", "dynamic"),
             "int8 fixed ranges": ("int8", "ranges"), "int8 per row": ("int8", "rows")}
@@ -82,7 +87,8 @@ def main() -> None:
             print(f"| {pair} | {name} | {row['bleu']:.2f} | {row['chrf']:.2f} | {row['same_as_float32']:.1%} | "
                   f"{row['sentences_per_s']:.1f} | {row['changed_by_batch']} of {row['checked_by_batch']} |",
                   flush=True)
-    args.out.write_text(json.dumps({"torch": torch.__version__, "threads": 1, "results": results}, indent=2) + "\n")
+    args.out.write_text(json.dumps({"torch": torch.__version__, "threads": 1, "cpu_flags": cpu_flags(),
+                                    "results": results}, indent=2) + "\n")
 
 
 if __name__ == "__main__":

@@ -40,12 +40,10 @@ DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.
 # read float16 weights and compute in float32 (CPU, fbgemm): close to int8's speed for a few rows, float32's
 # outputs for weights stored in float16, and a row's result independent of its batch (docs/benchmarks.md)
 PRECISIONS = (*DTYPES, "int8", "float16w")
-# How int8 products quantize their input. rows: a scale per input row, CTranslate2's int8 arithmetic
-# (`model.projection.Rows8`); ranges: the fixed input ranges of the model directory's int8.json
-# (`model.calibrate`), fbgemm's products; dynamic: one scale per call over the whole batch, fbgemm's dynamic
-# product (a row's result depends on its batch; kept to compare against).
-INT8_ARITHMETIC = {"rows": "a scale per input row", "ranges": "fixed input ranges (int8.json)",
-                   "dynamic": "a scale per call"}
+# How int8 products quantize their input. rows: a scale per input row, 7 bits of its own (`model.projection.Rows8`);
+# ranges: the fixed input ranges of the model directory's int8.json (`model.calibrate`), fbgemm's products;
+# dynamic: one scale per call over the whole batch, fbgemm's dynamic product (a row's result depends on its batch).
+INT8_ARITHMETIC = ("rows", "ranges", "dynamic")
 CPU_ONLY_PRECISIONS = ("int8", "float16w")
 STORAGE_DTYPES = ("float32", "float16")  # of model.safetensors; float16 halves the download, load() upcasts it
 REQUIRED_FILES = ("config.json", "model.safetensors", "source.spm", "target.spm", "info.json")
@@ -173,6 +171,18 @@ def return_freed_memory() -> None:
     trim(0)
 
 
+def int8_arithmetic(directory: Path, int8: str = "auto") -> str:
+    """The arithmetic (INT8_ARITHMETIC) that int8 products of this model directory get when asked for `int8`:
+    "auto" is "ranges" where the directory has int8.json, else "rows". Raises ValueError for an unknown name, or
+    "ranges" without the file."""
+    if int8 not in ("auto", *INT8_ARITHMETIC):
+        raise ValueError(f"int8 must be 'auto' or one of {INT8_ARITHMETIC}, got {int8!r}")
+    has_ranges = (directory / calibrate.RANGES_FILE).is_file()
+    if int8 == "ranges" and not has_ranges:
+        raise ValueError(f"{directory} has no {calibrate.RANGES_FILE}: measure it with python -m model.calibrate")
+    return int8 if int8 != "auto" else "ranges" if has_ranges else "rows"
+
+
 def load(directory: Path | str, device: str = "auto", dtype: str = "float32",
          keep_modules: bool = True, int8: str = "auto") -> LoadedModel:
     """Load a model directory onto a device ('auto', 'cpu', 'cuda', 'cuda:1') in a dtype ('int8' and 'float16w' on
@@ -184,23 +194,22 @@ def load(directory: Path | str, device: str = "auto", dtype: str = "float32",
     """
     if dtype not in PRECISIONS:
         raise ValueError(f"dtype must be one of {PRECISIONS}, got {dtype!r}")
-    if int8 not in ("auto", *INT8_ARITHMETIC):
-        raise ValueError(f"int8 must be 'auto' or one of {tuple(INT8_ARITHMETIC)}, got {int8!r}")
+    if int8 not in ("auto", *INT8_ARITHMETIC):  # refused in every precision, as a setting
+        raise ValueError(f"int8 must be 'auto' or one of {INT8_ARITHMETIC}, got {int8!r}")
     dev = resolve_device(device)
     if dtype in CPU_ONLY_PRECISIONS and dev.type != "cpu":
         raise ValueError(f"dtype {dtype!r} runs on the CPU only")
     meta = read_meta(directory)
+    arithmetic = int8_arithmetic(meta.path, int8) if dtype == "int8" else None
     model = Transformer(meta.cfg)
     # Whatever the stored dtype (float32, or float16 to ship half the bytes), load_state_dict copies the weights
     # into this float32 model with a cast: every precision below starts from float32, as if stored so.
     load_model(model, str(meta.path / "model.safetensors"), strict=True)
     model = model.to(device=dev, dtype=DTYPES.get(dtype, torch.float32)).eval()
     parameters = model.num_parameters()
-    ranges = calibrate.read(meta.path) if dtype == "int8" and int8 in ("auto", "ranges") else None
-    if dtype == "int8" and int8 == "ranges" and ranges is None:
-        raise ValueError(f"{meta.path} has no {calibrate.RANGES_FILE}: measure it with python -m model.calibrate")
-    rows8 = dtype == "int8" and (int8 == "rows" or (int8 == "auto" and ranges is None))
-    if dtype == "int8" and not rows8:
+    ranges = calibrate.read(meta.path) if arithmetic == "ranges" else None
+    rows8 = arithmetic == "rows"
+    if arithmetic in ("ranges", "dynamic"):
         model = quantize_int8(model)
     # fuse and prepack the weights now, not on the first request
     net = freeze(model, half=dtype == "float16w", rows8=rows8)
@@ -209,7 +218,6 @@ def load(directory: Path | str, device: str = "auto", dtype: str = "float32",
     if not keep_modules:
         release_linear_weights(model)
     return_freed_memory()
-    arithmetic = ("rows" if rows8 else "ranges" if ranges is not None else "dynamic") if dtype == "int8" else None
     return LoadedModel(meta.path, meta.info, model, meta.tokenizer, meta.generation, dtype, parameters, net,
                        arithmetic)
 

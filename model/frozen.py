@@ -395,7 +395,6 @@ def freeze(model: Transformer, prepack: bool = True, half: bool = False, fused: 
     prepack=False keeps PyTorch's default products: the reference the oneDNN path is tested against.
     half=True (CPU, float32 model): every product reads float16 weights and computes in float32 (`Projection`).
     fused=False: every step runs operator by operator (the reference `model.fused_step` is tested against).
-    rows8=True (CPU, float32 model): int8 products with a scale per input row, CTranslate2's int8 arithmetic
-    (`model.projection.Rows8`).
+    rows8=True (CPU, float32 model): int8 products with a scale per input row (`model.projection.Rows8`).
     """
     return FrozenTransformer(model, prepack, half, fused, rows8)

@@ -230,6 +230,13 @@ def _amax(x):  # type: ignore[no-untyped-def]  # pragma: no cover - compiled
     return m
 
 
+@njit(nogil=True, cache=True)
+def _row_scale(x):  # type: ignore[no-untyped-def]  # pragma: no cover - compiled
+    """A row's own int8 scale: 63 / max |x| (a true division), 1 for a row of zeros."""
+    amax = _amax(x)
+    return np.float32(63.0) / amax if amax != 0 else np.float32(1.0)
+
+
 @njit(fastmath=FAST, nogil=True, cache=True)
 def _round_into(x, a, xq):  # type: ignore[no-untyped-def]  # pragma: no cover - compiled
     """xq = round(x * a) + 64 (half to even) into bytes: one product and one rounding each, in any order."""
@@ -248,8 +255,7 @@ def _rows_own(x, w, scale, bias, sums, act, y):  # type: ignore[no-untyped-def] 
     xq = np.empty((B, K), np.uint8)
     a = np.empty(B, np.float32)
     for r in range(B):
-        amax = _amax(x[r])
-        a[r] = np.float32(63.0) / amax if amax != 0 else np.float32(1.0)
+        a[r] = _row_scale(x[r])
         _round_into(x[r], a[r], xq[r])
     dots = np.empty((B, N), np.int32)
     if INT8_DOT and K % 32 == 0:
@@ -266,8 +272,7 @@ def _rows_own(x, w, scale, bias, sums, act, y):  # type: ignore[no-untyped-def] 
 def scale_rows(x, xs, a):  # type: ignore[no-untyped-def]  # pragma: no cover - compiled
     """`_rows_own`'s input scales for fbgemm (`Rows8`): a[r] = 63 / max |x[r]| (1 for a row of zeros), xs = x * a."""
     for r in range(x.shape[0]):
-        amax = _amax(x[r])
-        ar = np.float32(63.0) / amax if amax != 0 else np.float32(1.0)
+        ar = _row_scale(x[r])
         a[r] = ar
         row, out = x[r], xs[r]
         for k in range(x.shape[1]):

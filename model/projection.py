@@ -82,7 +82,6 @@ class Projection:
 
     def __init__(self, linears: Sequence[nn.Module], activation: str | None = None, bias: Tensor | None = None,
                  prepack: bool = True, half: bool = False, rows8: bool = False) -> None:
-        self.activation = activation
         self.act = ACTIVATION_FUNCTIONS[activation] if activation else None
         self.post_op = ONEDNN_ACTIVATIONS[activation] if activation else ("none", "")
         self.int8: Any = None  # fbgemm's packed weight and bias

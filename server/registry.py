@@ -17,8 +17,7 @@ from typing import Any
 
 from starlette.concurrency import run_in_threadpool
 
-from model.calibrate import RANGES_FILE
-from model.checkpoint import ModelMeta, read_meta, resolve_device
+from model.checkpoint import ModelMeta, int8_arithmetic, read_meta, resolve_device
 from model.generation import GenerationConfig
 from server import limits
 from server.errors import NotFound, NotReady, UnsupportedLanguage
@@ -110,12 +109,7 @@ class ServedModel:
     @property
     def int8(self) -> str | None:
         """How int8 products quantize their input (`model.checkpoint.INT8_ARITHMETIC`), as `load` picks it."""
-        if self.dtype != "int8":
-            return None
-        chosen = self.scheduler.target.int8
-        if chosen != "auto":
-            return chosen
-        return "ranges" if (self.meta.path / RANGES_FILE).is_file() else "rows"
+        return int8_arithmetic(self.meta.path, self.scheduler.target.int8) if self.dtype == "int8" else None
 
     def describe(self) -> dict[str, Any]:
         ready = self.scheduler.ready
