@@ -1,7 +1,8 @@
 """The fused CPU decode step (model/fused_step.py) against the operator-by-operator step, side by side in one process.
 
-1. step: milliseconds of one decoder step at 1 to 32 rows, the two steps alternating (median of 3 rounds of 25 steps
-   each), int8 with the model's fixed input ranges and float32.
+1. step: milliseconds of one decoder step at 1 to 128 rows, the two steps alternating (median of 3 rounds of 25 steps
+   each), int8 with the model's fixed input ranges and float32. With more than one torch thread, also the fused step
+   in one run of rows (not cut into one run per thread, `FusedStep.split_min_rows`).
 2. sentences: translating test sentences one at a time (greedy, as one request at a time reaches the server's
    engine), milliseconds per sentence, the two steps alternating per block of sentences; and how many sentences
    come out with the same tokens from both, and the same one at a time as in batches of 32 rows.
@@ -13,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import platform
 import statistics
 import sys
@@ -20,25 +22,27 @@ import time
 from pathlib import Path
 from typing import Any
 
-import torch
-
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from model import checkpoint  # noqa: E402
+# model first: its default for torch's OpenMP holds only if set before torch loads (model/__init__.py)
+from model import checkpoint  # noqa: E402, I001
+import torch  # noqa: E402
 from model.decode import DecodeBatch  # noqa: E402
 from model.generation import GenerationConfig  # noqa: E402
 from model.search import generate  # noqa: E402
 
-ROWS = (1, 2, 4, 8, 16, 32)
+ROWS = (1, 2, 4, 8, 16, 32, 64, 128)
 
 
-def step_ms(lm: checkpoint.LoadedModel, sources: list[list[int]], rows: int, fused: bool) -> float:
-    """Median time of a decoder step of `rows` rows (positions 5 to 30, every row decoding)."""
+def step_ms(lm: checkpoint.LoadedModel, sources: list[list[int]], rows: int, fused: bool, cut: bool = True) -> float:
+    """Median time of a decoder step of `rows` rows (positions 5 to 30, every row decoding); `cut` off: the fused
+    step's rows in one run."""
     net, fused_step = lm.net, lm.net.fused
     assert fused_step is not None
-    saved = fused_step.max_rows
+    saved, split = fused_step.max_rows, fused_step.split_min_rows
     fused_step.max_rows = rows if fused else 0
+    fused_step.split_min_rows = split if cut else rows + 1
     config = GenerationConfig(max_new_tokens=40, min_new_tokens=40, scores=False)
     batch = DecodeBatch(net, rows, max(map(len, sources)), 40)
     batch.admit([((0, i), sources[i % len(sources)], config) for i in range(rows)])
@@ -49,7 +53,7 @@ def step_ms(lm: checkpoint.LoadedModel, sources: list[list[int]], rows: int, fus
         batch.record(logits.argmax(-1))
         if n >= 5:
             times.append(time.perf_counter() - start)
-    fused_step.max_rows = saved
+    fused_step.max_rows, fused_step.split_min_rows = saved, split
     return 1000 * statistics.median(times)
 
 
@@ -73,13 +77,19 @@ def measure(model: Path, dtype: str, lines: list[str]) -> dict[str, Any]:
         raise SystemExit(f"{model} in {dtype}: the fused step does not apply (no numba, or int8 without int8.json)")
     sources = [lm.tokenizer.encode(line) for line in lines]
     out: dict[str, Any] = {"step_ms": {}}
+    threads = torch.get_num_threads()
     for rows in ROWS:
-        rounds = [(step_ms(lm, sources, rows, True), step_ms(lm, sources, rows, False)) for _ in range(3)]
-        fused, plain = min(r[0] for r in rounds), min(r[1] for r in rounds)
+        rounds = [(step_ms(lm, sources, rows, True), step_ms(lm, sources, rows, False),
+                   step_ms(lm, sources, rows, True, cut=False) if threads > 1 else math.nan) for _ in range(3)]
+        fused, plain, one_run = (min(r[i] for r in rounds) for i in range(3))
         out["step_ms"][rows] = {"fused": round(fused, 3), "operators": round(plain, 3),
                                 "speedup": round(plain / fused, 2)}
-        print(f"{dtype:>8} step, {rows:>2} rows: fused {fused:6.3f} ms, operator by operator {plain:6.3f} ms, "
-              f"{plain / fused:.2f}x", flush=True)
+        cut = ""
+        if threads > 1:
+            out["step_ms"][rows] |= {"fused_one_run": round(one_run, 3), "cut_speedup": round(one_run / fused, 2)}
+            cut = f"; in one run {one_run:6.3f} ms ({one_run / fused:.2f}x)"
+        print(f"{dtype:>8} step, {rows:>3} rows: fused {fused:6.3f} ms, operator by operator {plain:6.3f} ms, "
+              f"{plain / fused:.2f}x{cut}", flush=True)
     one_at_a_time(lm, sources[:10], True)  # warm-up
     blocks = [sources[i: i + 50] for i in range(0, len(sources), 50)]
     spent = {True: 0.0, False: 0.0}

@@ -6,14 +6,17 @@ layer's norms, products, attention over each row's own length, the output projec
 the cache buffers, so a step costs its arithmetic and the reading of its weights. Its pieces, and how products are
 computed, are in model/kernels.py.
 
-Rows are computed one by one with the same order of operations whatever the batch, so a row's numbers are its own.
-Used for up to `FusedStep.max_rows` rows, where it is faster than the operator-by-operator step; alignment,
-calibration and int8 without fixed ranges keep that step (`FrozenTransformer.decode_step`).
+Rows are computed one by one with the same order of operations whatever the batch, so a row's numbers are its own,
+and a step of many rows is cut into runs of rows, one per torch thread, run at once. Used for up to
+`FusedStep.max_rows` rows per torch thread, where it is faster than the operator-by-operator step; calibration keeps
+that step (`FrozenTransformer.decode_step`). The runs need the other cores idle: torch's OpenMP threads spin after
+each parallel operator for as long as libgomp's GOMP_SPINCOUNT says (model/__init__.py lowers its default).
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING, Any, cast
 
 import numpy as np
@@ -93,18 +96,22 @@ PRODUCTS = ("qkv", "o", "cross_q", "cross_o", "fc1", "fc2")
 # and the fused step's own copy of the weights would add as much memory again. The shipped models take 16 MB
 # (float32) and 4 MB (int8) and are faster fused with 2 threads as well (docs/benchmarks.md).
 MAX_WEIGHT_BYTES = 32 << 20
+_pool: ThreadPoolExecutor | None = None  # the threads that take runs of a step's rows
 
 
 class FusedStep:
-    """The decode step of up to `max_rows` rows on the CPU as one compiled function (`_step`)."""
+    """The decode step of up to `max_rows` rows per torch thread on the CPU as one compiled function (`_step`)."""
 
-    # Up to this many rows the fused step takes a step, where it is faster than the operator-by-operator one on the
-    # 2-core AVX2 EPYC (docs/benchmarks.md). float32: 1.35x at 8 rows, 1.01x at 32. int8 through AVX2's byte
-    # products: 5.2x at 1 row, 1.17x at 32 with one torch thread (the server's default on 2 cores), 0.95x at 32 with
-    # two; up to the server's default batch (32 rows) every int8 step is then the fused one, and a row's numbers are
-    # the same alone and in any batch. int8 without AVX2: 1.1-1.5x at 8, 0.8-1.0x at 16.
-    max_rows = 8
-    max_rows_int8_dot = 32
+    # Up to this many rows per torch thread the fused step takes a step, where it is faster than the operator-by-
+    # operator one on the 2-core AVX2 EPYC (docs/benchmarks.md). A step of at least 2 x `split_min_rows` rows is cut
+    # into runs of rows, one per torch thread, run at once (the compiled step releases the GIL; each row is computed on
+    # its own, so the numbers do not depend on the cut). One thread: float32 1.21x at 16 rows, 1.01x at 32; int8
+    # through AVX2's byte products 4.7x at 1 row, 1.08x at 64, 0.97x at 128. Two threads, cut (bench/fused_step.py):
+    # float32 1.16x at 32 rows, 1.05x at 64; int8 1.55x at 32, 1.26x at 128. int8 without AVX2: 1.1-1.5x at 8,
+    # 0.8-1.0x at 16.
+    max_rows = 16
+    max_rows_int8_dot = 64
+    split_min_rows = 4
 
     def __init__(self, arrays: dict[str, np.ndarray], projections: dict[str, Projection], net: FrozenTransformer,
                  pre: bool, act: int, eps: float) -> None:
@@ -167,7 +174,7 @@ class FusedStep:
         a, L = self.arrays, self.net.cfg.decoder_layers
         H, Dh = self.net.cfg.n_heads, self.net.cfg.head_dim
         off = {name: np.zeros((L, 4), np.float32) for name in PRODUCTS} | {"out": np.zeros(4, np.float32)}
-        _step(np.zeros(1, np.int64), np.zeros(1, np.int64), np.ones((1, 1), np.bool_),  # type: ignore[call-arg]
+        _step(np.zeros(1, np.int64), 0, np.zeros(1, np.int64), np.ones((1, 1), np.bool_),  # type: ignore[call-arg]
               np.zeros((L, 2, 1, H, 2, Dh), np.float32), np.zeros((L, 2, 1, H, 1, Dh), np.float32),
               *self._args(off, np.float32(1.0)), np.empty((1, a["w_out"].shape[0]), np.float32),
               np.zeros((1, 1), np.float32))
@@ -181,7 +188,7 @@ class FusedStep:
 
     def takes(self, rows: int) -> bool:
         """Whether a step of this many rows is the fused step's (and it can run: `ready`)."""
-        return rows <= self.max_rows and self.ready()
+        return rows <= self.max_rows * torch.get_num_threads() and self.ready()
 
     def ready(self) -> bool:
         if self.usable is None:
@@ -208,14 +215,32 @@ class FusedStep:
         B = tokens.shape[0]
         logits = torch.empty(B, self.arrays["w_out"].shape[0])
         weights = torch.zeros(B, cache.max_src) if align is not None else torch.empty(0, 0)
-        pos, src_mask, self_kv, cross_kv = cache.host_views()
+        views = cache.host_views()
         # tokens: a column of the row state (strided); one contiguous layout keeps to one compiled signature
-        _step(np.ascontiguousarray(tokens.numpy()), pos, src_mask, self_kv, cross_kv,  # type: ignore[call-arg]
-              *self.args, logits.numpy(), weights.numpy())
+        ids, out, align_out = np.ascontiguousarray(tokens.numpy()), logits.numpy(), weights.numpy()
+        runs = min(torch.get_num_threads(), B // self.split_min_rows)
+        if runs > 1:  # each run of rows on a thread of its own (`max_rows`)
+            global _pool
+            if _pool is None:
+                _pool = ThreadPoolExecutor(thread_name_prefix="tolk-step")
+            cuts = [B * i // runs for i in range(runs + 1)]
+            waits = [_pool.submit(self._run, ids, views, out, align_out, lo, hi)
+                     for lo, hi in zip(cuts[1:-1], cuts[2:], strict=True)]
+            self._run(ids, views, out, align_out, 0, cuts[1])
+            for wait in waits:
+                wait.result()
+        else:
+            self._run(ids, views, out, align_out, 0, B)
         cache.advance(B, on_device=False)
         if align is not None:
             align.append(weights[:, : cache.s_hi])
         return logits
+
+    def _run(self, ids: np.ndarray, views: tuple[np.ndarray, ...], logits: np.ndarray, align: np.ndarray, lo: int,
+             hi: int) -> None:
+        """Rows lo..hi-1 of the step."""
+        _step(ids[lo:hi], lo, *views, *self.args, logits[lo:hi],  # type: ignore[call-arg, misc]
+              align[lo:hi] if align.shape[0] else align)
 
     @staticmethod
     def choose(logits: np.ndarray, banned: np.ndarray, eos: int, n_gen: np.ndarray, min_new: np.ndarray,

@@ -528,38 +528,39 @@ def attend_packed(qkv, starts, ns, H, out):  # type: ignore[no-untyped-def]  # p
 
 
 @njit(fastmath=FAST, nogil=True, cache=True)
-def step(tokens, pos, src_mask, self_kv, cross_kv, table, positions, emb_scale,  # type: ignore[no-untyped-def]
+def step(tokens, r0, pos, src_mask, self_kv, cross_kv, table, positions, emb_scale,  # type: ignore[no-untyped-def]
           norm_w, norm_b, eps, pre, final_w, final_b, act,
           w_qkv, s_qkv, b_qkv, q_qkv, c_qkv, w_o, s_o, b_o, q_o, c_o, w_cq, s_cq, b_cq, q_cq, c_cq,
           w_co, s_co, b_co, q_co, c_co, w_1, s_1, b_1, q_1, c_1, w_2, s_2, b_2, q_2, c_2,
           w_out, s_out, b_out, q_out, c_out, logits, align):  # pragma: no cover - compiled
-    """Rows 0..B-1 of the cache advance by one token each; logits (B, V) are written, `pos` moves on. Unless
-    `align` is empty, the last layer's cross-attention weights averaged over heads are added into it (B, S)."""
+    """Rows r0..r0+B-1 of the cache advance by one token each (tokens (B,)); logits (B, V) are written, `pos` moves
+    on. Unless `align` is empty, the last layer's cross-attention weights averaged over heads are added into it
+    (B, S). Each row is computed on its own, so runs of rows may go to threads of their own (`FusedStep`)."""
     B = tokens.shape[0]
     L, _, _, H, _, Dh = self_kv.shape
     D = H * Dh
     x = np.empty((B, D), np.float32)
     for r in range(B):
         for d in range(D):
-            x[r, d] = table[tokens[r], d] * emb_scale + positions[pos[r], d]
+            x[r, d] = table[tokens[r], d] * emb_scale + positions[pos[r0 + r], d]
     h, qkv, a, f, none, no_weights = _scratch(B, D, w_1.shape[1])
     lengths = np.empty(B, np.int64)
     for r in range(B):
         n = 0
         for s in range(src_mask.shape[1]):
-            n += src_mask[r, s]
+            n += src_mask[r0 + r, s]
         lengths[r] = n
     for i in range(L):
         # self-attention: the new token's K/V go into the cache at each row's position
         _qkv(x, h, norm_w[i, 0], norm_b[i, 0], eps, pre, w_qkv[i], s_qkv[i], b_qkv[i], q_qkv[i], c_qkv[i], none,
              qkv)
         for r in range(B):
-            t = pos[r]
+            t = pos[r0 + r]
             for hh in range(H):
                 for d in range(Dh):
-                    self_kv[i, 0, r, hh, t, d] = qkv[r, D + hh * Dh + d]
-                    self_kv[i, 1, r, hh, t, d] = qkv[r, 2 * D + hh * Dh + d]
-            _attend(qkv[r, :D], self_kv[i, 0, r], self_kv[i, 1, r], t + 1, a[r], no_weights)
+                    self_kv[i, 0, r0 + r, hh, t, d] = qkv[r, D + hh * Dh + d]
+                    self_kv[i, 1, r0 + r, hh, t, d] = qkv[r, 2 * D + hh * Dh + d]
+            _attend(qkv[r, :D], self_kv[i, 0, r0 + r], self_kv[i, 1, r0 + r], t + 1, a[r], no_weights)
         _product(a, w_o[i], s_o[i], b_o[i], q_o[i], c_o[i], 0, x, h)
         _next(x, h, norm_w[i], norm_b[i], 0, eps, pre)
         # cross-attention over each row's own source length
@@ -567,14 +568,14 @@ def step(tokens, pos, src_mask, self_kv, cross_kv, table, positions, emb_scale, 
         _product(h, w_cq[i], s_cq[i], b_cq[i], q_cq[i], c_cq[i], 0, none, q)
         for r in range(B):
             weights = align[r] if i == L - 1 and align.shape[0] > 0 else no_weights
-            _attend(q[r], cross_kv[i, 0, r], cross_kv[i, 1, r], lengths[r], a[r], weights)
+            _attend(q[r], cross_kv[i, 0, r0 + r], cross_kv[i, 1, r0 + r], lengths[r], a[r], weights)
         _product(a, w_co[i], s_co[i], b_co[i], q_co[i], c_co[i], 0, x, h)
         _next(x, h, norm_w[i], norm_b[i], 1, eps, pre)
         _feed_forward(x, h, f, w_1[i], s_1[i], b_1[i], q_1[i], c_1[i], w_2[i], s_2[i], b_2[i], q_2[i], c_2[i], act,
                       norm_w[i, 2], norm_b[i, 2], eps, pre)
     _last(x, h, final_w, final_b, eps, pre, w_out, s_out, b_out, q_out, c_out, logits)
     for r in range(B):
-        pos[r] += 1
+        pos[r0 + r] += 1
 
 
 @njit(fastmath=FAST, nogil=True, cache=True)

@@ -93,6 +93,42 @@ def test_an_int8_row_is_the_same_alone_and_in_any_batch() -> None:
     assert [(h[0].tokens, h[0].score) for h in together] == [(h[0].tokens, h[0].score) for h in alone]
 
 
+@pytest.mark.parametrize("dtype", ["float32", "int8", "rows8"])
+def test_a_step_cut_over_threads_equals_the_step_in_one_run(dtype: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A step of 7 rows on two threads runs rows 0-2 and 3-6 at once (`split_min_rows` 3); rows pair up differently
+    in the float32 products than in one run. Logits and cache bit for bit equal, step after step."""
+    if dtype == "rows8":
+        net = freeze(tiny_model(tiny_config()), rows8=True)
+    else:
+        net = nets(dtype, norm="pre", activation="relu")[0]
+    fused = net.fused
+    assert fused is not None and fused.ready()
+    sources = [*SOURCES, [3, 4, 5, 2], [9, 2]]
+    threads = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        runs = []
+        for split in (3, 10**6):
+            monkeypatch.setattr(fused, "split_min_rows", split)
+            calls = []
+            monkeypatch.setattr(fused, "_run", lambda *a, run=fused._run, calls=calls: calls.append(a[-2:]) or run(*a))
+            batch = DecodeBatch(net, 8, 12, 16)
+            config = GenerationConfig(max_new_tokens=16, min_new_tokens=16)
+            out = []
+            with torch.inference_mode():
+                batch.admit([((0, i), s, config) for i, s in enumerate(sources)])
+                for _ in range(5):
+                    logits, _ = batch.forward()
+                    out.append(logits.clone())
+                    batch.record(logits.argmax(-1))
+                out.append(batch.cache.self_kv[:, :, :7, :, :5].clone())
+            runs.append(out)
+            assert set(calls) == ({(0, 3), (3, 7)} if split == 3 else {(0, 7)})
+    finally:
+        torch.set_num_threads(threads)
+    assert all(torch.equal(a, b) for a, b in zip(*runs, strict=True))
+
+
 @pytest.mark.parametrize(("inputs", "terms"), [(64, 48), (1024, 256)])
 def test_int8_product_equals_fbgemm_with_a_fixed_range(inputs: int, terms: int) -> None:
     """The same integer sums and scaling as fbgemm's product, saturating values outside the range alike."""
