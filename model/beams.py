@@ -15,6 +15,11 @@ from model.constraints import select_beams
 from model.decode import DecodeBatch, Sequence
 from model.events import Hypothesis
 
+try:  # numba; without it (the GPU script's bare machine) the CPU takes torch's top-ks as the GPU does
+    from model.beam_host import best_continuations
+except (ImportError, RuntimeError):  # pragma: no cover - RuntimeError: numba finds no writable cache
+    best_continuations = None  # type: ignore[assignment]
+
 # From this many logits on, `top_k` goes through chunk maxima; below, torch's topk is as fast or faster
 # (bench/levers.py, 1 and 2 threads, k = 8: 4 x 8,000 logits 53 against 145-224 us; 32 x 8,000 even, 0.85-1.23x;
 # 32 x 16,000 and up, the chunks 1.3-3.5x faster).
@@ -53,13 +58,16 @@ def beam_step(batch: DecodeBatch, beams: list[Sequence], logprobs: Tensor, token
     st = batch.state
     device = logprobs.device
     K = min(2 * max(s.beam for s in beams), logprobs.shape[1])
-    top_logprobs, top_tokens = top_k(logprobs, K)  # (n, K) best first
+    host = device.type == "cpu"  # numpy there: its small indexing costs a few us where torch's costs 10-25
+    compiled = host and best_continuations is not None and logprobs.dtype == torch.float32
+    plain = [s for s in beams if s.constraints is None]
+    constrained = [s for s in beams if s.constraints is not None]
+    if constrained or not compiled:
+        top_logprobs, top_tokens = top_k(logprobs, K)  # (n, K) best first
     src_rows: list[int] = []
     dst_rows: list[int] = []
     new_tokens: list[int] = []
     new_scores: list[float] = []
-    plain = [s for s in beams if s.constraints is None]
-    constrained = [s for s in beams if s.constraints is not None]
     chosen = _advance_constrained(constrained, st.score, logprobs, top_logprobs, top_tokens, batch.cfg.eos_id,
                                   sources) if constrained else []
     for seq, picks in zip(constrained, chosen, strict=True):
@@ -68,17 +76,24 @@ def beam_step(batch: DecodeBatch, beams: list[Sequence], logprobs: Tensor, token
             dst_rows.append(seq.rows[b])
             new_tokens.append(token)
             new_scores.append(score)
-    host = device.type == "cpu"  # numpy there: its small indexing costs a few us where torch's costs 10-25
     for k in sorted({s.beam for s in plain}):
         group = [s for s in plain if s.beam == k]
         m, c = len(group), min(2 * k, K)
-        if host:
+        if compiled:  # one pass over the log-probs of each sentence's beams (model/beam_host.py)
+            n = min(2 * k, k * logprobs.shape[1])
+            top, beam_h, token_h = np.empty((m, n), np.float32), np.empty((m, n), np.int64), np.empty((m, n), np.int64)
+            best_continuations(logprobs.numpy(), np.array([s.rows for s in group], np.int64), st.score.numpy(), top,
+                               beam_h, token_h)
+            scores, picked = top.tolist(), [list(zip(*pair, strict=True)) for pair in
+                                            zip(beam_h.tolist(), token_h.tolist(), strict=True)]
+        elif host:
             rows_h = np.array([s.rows for s in group])  # (m, k)
             cand_h = (st.score.numpy()[rows_h][..., None] + top_logprobs.numpy()[rows_h, :c]).reshape(m, k * c)
             top_scores, top_ids = torch.from_numpy(cand_h).topk(2 * k, dim=-1)  # (m, 2k), ties as below
             ids_h = top_ids.numpy()
-            scores, ids = top_scores.tolist(), ids_h.tolist()
             toks = np.take_along_axis(top_tokens.numpy()[rows_h, :c].reshape(m, k * c), ids_h, 1).tolist()
+            scores, picked = top_scores.tolist(), [[(i // c, t) for i, t in zip(ids, ts, strict=True)]
+                                                   for ids, ts in zip(ids_h.tolist(), toks, strict=True)]
         else:
             idx = torch.tensor([s.rows for s in group], device=device)  # (m, k)
             cand = (st.score[idx][..., None] + top_logprobs[idx, :c]).view(m, k * c)
@@ -86,9 +101,10 @@ def beam_step(batch: DecodeBatch, beams: list[Sequence], logprobs: Tensor, token
             cand_tokens = top_tokens[idx, :c].view(m, k * c).gather(1, top_ids)
             # one transfer (float64 holds the float32 scores and every id exactly)
             scores, ids, toks = torch.stack([top_scores.double(), top_ids.double(), cand_tokens.double()]).tolist()
+            picked = [[(int(i) // c, int(t)) for i, t in zip(row_ids, row_toks, strict=True)]
+                      for row_ids, row_toks in zip(ids, toks, strict=True)]
         for j, seq in enumerate(group):
-            cands = [(int(i) // c, int(t)) for i, t in zip(ids[j], toks[j], strict=True)]
-            picks = _advance_beams(seq, scores[j], cands, batch.cfg.eos_id, sources)
+            picks = _advance_beams(seq, scores[j], picked[j], batch.cfg.eos_id, sources)
             for b, (beam, token, score) in enumerate(picks):
                 src_rows.append(seq.rows[beam])
                 dst_rows.append(seq.rows[b])

@@ -202,6 +202,45 @@ def test_chunked_top_k_equals_torch_top_k(V: int) -> None:
         assert torch.equal(values, expected.values) and torch.equal(ids, expected.indices)
 
 
+@pytest.mark.parametrize(("k", "V"), [(4, 1000), (3, 5), (2, 2)])
+def test_compiled_best_continuations_equal_the_two_top_ks(k: int, V: int) -> None:
+    """`best_continuations` (one pass, model/beam_host.py) against the torch way: the 2k best tokens of each beam,
+    then the 2k best of score + log-prob among those. First step included: beams other than 0 at -inf."""
+    beam_host = pytest.importorskip("model.beam_host", reason="numba")
+    g = torch.Generator().manual_seed(k * V)
+    logprobs = torch.randn(3 * k + 1, V, generator=g).log_softmax(-1)
+    logprobs[:, 0] = float("-inf")  # a banned token
+    score = torch.randn(3 * k + 1, generator=g)
+    score[[1, 2]] = float("-inf")  # sentence 0 at its first step: only its beam 0 is alive
+    rows = torch.arange(3 * k).view(3, k) + torch.tensor([0, 0, 1])[:, None]  # row 3k-1 skipped, row 3k read
+    rows[2] = rows[2].flip(0)  # a sentence's beams need not be rows in order
+    n = min(2 * k, k * V)
+    top, beam = torch.empty(3, n), torch.empty(3, n, dtype=torch.long)
+    token = torch.empty(3, n, dtype=torch.long)
+    beam_host.best_continuations(logprobs.numpy(), rows.numpy(), score.numpy(), top.numpy(), beam.numpy(),
+                                 token.numpy())
+    c = min(2 * k, V)
+    lp, tok = logprobs.topk(c, dim=-1)
+    cand = (score[rows][..., None] + lp[rows]).view(3, k * c)
+    expected, ids = cand.topk(n, dim=-1)
+    finite = expected.isfinite()
+    assert torch.equal(top, expected) and torch.equal(beam[finite], (ids // c)[finite])
+    assert torch.equal(token[finite], tok[rows].view(3, k * c).gather(1, ids)[finite])
+
+
+def test_beam_search_on_the_cpu_gives_the_torch_ways_hypotheses(loaded: checkpoint.LoadedModel,
+                                                                  sources: list[list[int]],
+                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    pytest.importorskip("model.beam_host", reason="numba")
+    import model.beams
+    config = GenerationConfig(beam_size=3, num_hypotheses=3, max_new_tokens=16)
+    compiled = generate(loaded.net, sources, config)
+    monkeypatch.setattr(model.beams, "best_continuations", None)  # the top-ks of the GPU's way, in numpy
+    by_torch = generate(loaded.net, sources, config)
+    assert [[(h.tokens, h.score) for h in hyps] for hyps in compiled] == \
+        [[(h.tokens, h.score) for h in hyps] for hyps in by_torch]
+
+
 def test_greedy_equals_recomputation(loaded: checkpoint.LoadedModel, sources: list[list[int]]) -> None:
     cached = greedy(loaded.net, sources, max_new_tokens=20)
     reference = [greedy_by_recomputation(loaded.model, s, 20) for s in sources]
