@@ -185,9 +185,19 @@ def _rows_u8(x, w, scale, bias, quant, sums, act, y):  # type: ignore[no-untyped
     dots = np.empty((B, N), np.int32)
     _byte_dots(xq, w, dots)
     izp = np.int32(zp)
-    for r in range(B):  # a loop of its own, which vectorises
-        for j in range(N):
-            y[r, j] = _act(np.float32(dots[r, j] - izp * sums[j]) * (quant[1] * scale[j]) + bias[j], act)
+    zero = np.float32(0.0)
+    for r in range(B):  # one row at a time, ReLU or none in the loop itself: the loops vectorise (with `_act`'s
+        row, out = dots[r], y[r]  # branches inside, they did not: 14 of a 56 us product at 15 rows)
+        if act == 1:
+            for j in range(N):
+                v = np.float32(row[j] - izp * sums[j]) * (quant[1] * scale[j]) + bias[j]
+                out[j] = v if v > zero else zero
+        elif act == 0:
+            for j in range(N):
+                out[j] = np.float32(row[j] - izp * sums[j]) * (quant[1] * scale[j]) + bias[j]
+        else:
+            for j in range(N):
+                out[j] = _act(np.float32(row[j] - izp * sums[j]) * (quant[1] * scale[j]) + bias[j], act)
 
 
 @njit(nogil=True, cache=True)
