@@ -24,6 +24,10 @@ except (ImportError, RuntimeError):  # pragma: no cover - RuntimeError: numba fi
 # (bench/levers.py, 1 and 2 threads, k = 8: 4 x 8,000 logits 53 against 145-224 us; 32 x 8,000 even, 0.85-1.23x;
 # 32 x 16,000 and up, the chunks 1.3-3.5x faster).
 CHUNKED_TOP_K_MIN = 1 << 18
+# Up to this many log-probs a step, beam search on the CPU takes its candidates in one compiled pass on one thread
+# (model/beam_host.py); beyond, torch's top-ks on every thread are faster: 128 x 58,101 log-probs took 4.9 ms in
+# the pass against 2.0 ms for `top_k` alone on two threads, where 128 x 8,000 took 0.7 against 1.0 (ad hoc).
+COMPILED_MAX = 1 << 21
 
 
 def top_k(x: Tensor, k: int, chunk: int = 256, min_size: int = CHUNKED_TOP_K_MIN) -> tuple[Tensor, Tensor]:
@@ -59,7 +63,8 @@ def beam_step(batch: DecodeBatch, beams: list[Sequence], logprobs: Tensor, token
     device = logprobs.device
     K = min(2 * max(s.beam for s in beams), logprobs.shape[1])
     host = device.type == "cpu"  # numpy there: its small indexing costs a few us where torch's costs 10-25
-    compiled = host and best_continuations is not None and logprobs.dtype == torch.float32
+    compiled = (host and best_continuations is not None and logprobs.dtype == torch.float32
+                and logprobs.numel() <= COMPILED_MAX)
     plain = [s for s in beams if s.constraints is None]
     constrained = [s for s in beams if s.constraints is not None]
     if constrained or not compiled:
