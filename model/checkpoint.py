@@ -31,6 +31,7 @@ from model import calibrate
 from model.config import ModelConfig
 from model.frozen import FrozenTransformer, freeze
 from model.generation import GenerationConfig
+from model.projection import Int8Table
 from model.tokenizer import Tokenizer
 from model.transformer import Transformer
 
@@ -142,12 +143,13 @@ def read_meta(directory: Path | str) -> ModelMeta:
     return ModelMeta(directory, info, cfg, tokenizer, load_generation_defaults(directory))
 
 
-def release_linear_weights(model: Transformer) -> None:
+def release_linear_weights(model: Transformer, net: FrozenTransformer | None = None) -> None:
     """Drop the linear layers' weights from the modules once `freeze` has built the network from them.
 
     On the CPU the frozen network holds prepacked copies (float32: oneDNN's; int8: fbgemm's, stacked), so the
     modules' weights are a second copy of most of the model (about 290 MB for an OPUS-MT model in float32).
     Afterwards the modules can no longer run, be saved or be frozen again: this is for a process that only decodes.
+    The embedding tables go as well when the network keeps them in int8 (`Int8Table`, int8 with a scale per row).
     """
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # torch's notice that quantized tensors are deprecated
@@ -157,6 +159,9 @@ def release_linear_weights(model: Transformer) -> None:
             m.weight = nn.Parameter(m.weight.detach().new_empty(0), requires_grad=False)
         elif isinstance(m, QuantizedLinear):  # int8: the frozen network packed its own copy of the int8 weights
             m._packed_params.set_weight_bias(empty_int8, None)
+    if net is not None and isinstance(net.src_table, Int8Table):  # the tables too, kept in int8 by the network
+        for m in (model.src_embed, model.tgt_embed):
+            m.weight = nn.Parameter(m.weight.detach().new_empty(0), requires_grad=False)
 
 
 def return_freed_memory() -> None:
@@ -216,7 +221,7 @@ def load(directory: Path | str, device: str = "auto", dtype: str = "float32",
     if ranges is not None:
         calibrate.apply(net, ranges)
     if not keep_modules:
-        release_linear_weights(model)
+        release_linear_weights(model, net)
     return_freed_memory()
     return LoadedModel(meta.path, meta.info, model, meta.tokenizer, meta.generation, dtype, parameters, net,
                        arithmetic)

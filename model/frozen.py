@@ -26,7 +26,7 @@ from torch import Tensor, nn
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from model.cache import KVCache
-from model.projection import Projection
+from model.projection import Int8Table, Projection
 
 try:  # numba: the CPU's fused step; without it (the GPU script's bare machine) steps run operator by operator
     from model.fused_encoder import FusedEncoder
@@ -221,8 +221,13 @@ class FrozenTransformer:
                  rows8: bool = False) -> None:
         cfg = self.cfg = model.cfg
         self.rows8 = rows8  # int8 with a scale per input row (`model.projection.Rows8`)
-        self.src_table, self.tgt_table = model.src_embed.weight.detach(), model.tgt_embed.weight.detach()
+        self.src_table: Tensor | Int8Table = model.src_embed.weight.detach()
+        self.tgt_table: Tensor | Int8Table = model.tgt_embed.weight.detach()
         self.positions = model.positions.to(self.tgt_table.dtype)
+        if rows8:  # the tables in int8 too, one for both when the model shares them
+            shared = self.src_table is self.tgt_table or self.src_table.data_ptr() == self.tgt_table.data_ptr()
+            self.src_table = Int8Table(self.src_table)
+            self.tgt_table = self.src_table if shared else Int8Table(self.tgt_table)
         self.scale = model.scale
         H, pre = cfg.n_heads, cfg.norm == "pre"
         encoder = cast(list[EncoderLayer], list(model.encoder))
@@ -260,8 +265,9 @@ class FrozenTransformer:
                 named.update({f"{stack}.{i}.{k}": v for k, v in vars(layer).items() if isinstance(v, Projection)})
         return named
 
-    def embed(self, table: Tensor, ids: Tensor, positions: Tensor) -> Tensor:
-        return F.embedding(ids, table) * self.scale + positions
+    def embed(self, table: Tensor | Int8Table, ids: Tensor, positions: Tensor) -> Tensor:
+        rows = table.rows(ids) if isinstance(table, Int8Table) else F.embedding(ids, table)
+        return rows * self.scale + positions
 
     def encode_packed(self, src: Tensor) -> tuple[Tensor, Tensor, Packing | None]:
         """src (B, S) padded with pad_id -> the encoder's output at real tokens (N, D), source mask (B, S), packing."""

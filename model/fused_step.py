@@ -26,7 +26,7 @@ from torch.ao.nn.quantized.dynamic import Linear as QuantizedLinear
 
 from model.kernels import ACTIVATIONS, EXACT_SUM_TERMS, INT8_DOT, choose_greedy, quantize_rows, weight_sums
 from model.kernels import step as _step
-from model.projection import int8_weight_bias, stacked_bias
+from model.projection import Int8Table, int8_weight_bias, stacked_bias
 
 if TYPE_CHECKING:
     from model.cache import KVCache
@@ -160,7 +160,12 @@ class FusedStep:
         pre = cfg.norm == "pre"
         arrays["final_w"] = final.weight.detach().numpy().copy() if pre else np.ones(D, np.float32)
         arrays["final_b"] = final.bias.detach().numpy().copy() if pre else np.zeros(D, np.float32)
-        arrays["table"], arrays["positions"] = net.tgt_table.numpy(), net.positions.numpy()
+        table = net.tgt_table
+        if isinstance(table, Int8Table):
+            arrays["table"], arrays["table_scale"] = table.q.numpy(), table.row_scale.numpy()
+        else:
+            arrays["table"], arrays["table_scale"] = table.numpy(), np.ones(table.shape[0], np.float32)
+        arrays["positions"] = net.positions.numpy()
         named = net.projections()
         projections = {f"{name}.{i}": named[f"decoder.{i}.{name}"] for i in range(cfg.decoder_layers)
                        for name in PRODUCTS} | {"out": named["out"]}
@@ -202,8 +207,8 @@ class FusedStep:
         a = self.arrays
         products = [x for name in (*PRODUCTS, "out")
                     for x in (a[f"w_{name}"], a[f"s_{name}"], a[f"b_{name}"], quant[name], a[f"c_{name}"])]
-        return (a["table"], a["positions"], emb_scale, a["norm_w"], a["norm_b"], np.float32(self.eps), self.pre,
-                a["final_w"], a["final_b"], self.act, *products)
+        return (a["table"], a["table_scale"], a["positions"], emb_scale, a["norm_w"], a["norm_b"],
+                np.float32(self.eps), self.pre, a["final_w"], a["final_b"], self.act, *products)
 
     def __call__(self, tokens: Tensor, cache: KVCache, align: list[Tensor] | None = None) -> Tensor:
         """Rows 0..B-1 advance by one token each: tokens (B,) -> logits (B, V); the cache's positions move on.

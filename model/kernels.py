@@ -538,21 +538,23 @@ def attend_packed(qkv, starts, ns, H, out):  # type: ignore[no-untyped-def]  # p
 
 
 @njit(fastmath=FAST, nogil=True, cache=True)
-def step(tokens, r0, pos, src_mask, self_kv, cross_kv, table, positions, emb_scale,  # type: ignore[no-untyped-def]
+def step(tokens, r0, pos, src_mask, self_kv, cross_kv, table, table_scale, positions,  # type: ignore[no-untyped-def]
+          emb_scale,
           norm_w, norm_b, eps, pre, final_w, final_b, act,
           w_qkv, s_qkv, b_qkv, q_qkv, c_qkv, w_o, s_o, b_o, q_o, c_o, w_cq, s_cq, b_cq, q_cq, c_cq,
           w_co, s_co, b_co, q_co, c_co, w_1, s_1, b_1, q_1, c_1, w_2, s_2, b_2, q_2, c_2,
           w_out, s_out, b_out, q_out, c_out, logits, align):  # pragma: no cover - compiled
     """Rows r0..r0+B-1 of the cache advance by one token each (tokens (B,)); logits (B, V) are written, `pos` moves
     on. Unless `align` is empty, the last layer's cross-attention weights averaged over heads are added into it
-    (B, S). Each row is computed on its own, so runs of rows may go to threads of their own (`FusedStep`)."""
+    (B, S). Each row is computed on its own, so runs of rows may go to threads of their own (`FusedStep`). The
+    embedding table is float32, or int8 with a multiplier per row (`table_scale`; ones for float32)."""
     B = tokens.shape[0]
     L, _, _, H, _, Dh = self_kv.shape
     D = H * Dh
     x = np.empty((B, D), np.float32)
     for r in range(B):
         for d in range(D):
-            x[r, d] = table[tokens[r], d] * emb_scale + positions[pos[r0 + r], d]
+            x[r, d] = np.float32(table[tokens[r], d]) * table_scale[tokens[r]] * emb_scale + positions[pos[r0 + r], d]
     h, qkv, a, f, none, no_weights = _scratch(B, D, w_1.shape[1])
     lengths = np.empty(B, np.int64)
     for r in range(B):

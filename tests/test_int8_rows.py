@@ -14,7 +14,7 @@ pytest.importorskip("numba", reason="int8 with a scale per row runs numba's prod
 from model import checkpoint  # noqa: E402
 from model.generation import GenerationConfig  # noqa: E402
 from model.kernels import INT8_DOT, _byte_dots, _int_dots, _product, quantize_rows, weight_sums  # noqa: E402
-from model.projection import Rows8  # noqa: E402
+from model.projection import Int8Table, Rows8  # noqa: E402
 from model.search import generate  # noqa: E402
 from tests.test_int8_ranges import MIXED  # noqa: E402
 from tests.test_server_batching import assert_requests_under_load_equal_each_alone  # noqa: E402
@@ -82,6 +82,30 @@ def test_int8_without_ranges_takes_a_scale_per_row(tiny_model_dir: Path) -> None
         checkpoint.load(tiny_model_dir, device="cpu", dtype="int8", int8="ranges")
     with pytest.raises(ValueError, match="int8 must be"):
         checkpoint.load(tiny_model_dir, device="cpu", dtype="int8", int8="per-row")
+
+
+def test_int8_rows_keeps_the_embedding_tables_in_int8(tiny_model_dir: Path) -> None:
+    """Looked up as int8 x the row's multiplier, by the operator step and the fused one alike; the modules' float32
+    tables go with the linear weights (keep_modules=False), and the translations are those of the kept modules."""
+    kept = checkpoint.load(tiny_model_dir, device="cpu", dtype="int8", int8="rows")
+    lean = checkpoint.load(tiny_model_dir, device="cpu", dtype="int8", int8="rows", keep_modules=False)
+    table = lean.net.tgt_table
+    assert isinstance(table, Int8Table) and table.q.dtype == torch.int8
+    assert lean.model.tgt_embed.weight.numel() == 0 and lean.model.src_embed.weight.numel() == 0
+    q, scale = quantize_rows(kept.model.tgt_embed.weight.detach().numpy())
+    ids = torch.tensor([[3, 7], [0, 11]])
+    assert torch.equal(table.rows(ids), torch.from_numpy(q)[ids].float() * torch.from_numpy(scale)[ids][..., None])
+    sources = [lean.tokenizer.encode(s) for s in MIXED]
+    fused = lean.net.fused
+    assert fused is not None
+    config = GenerationConfig(max_new_tokens=16)
+    runs = []
+    for max_rows in (64, 0):  # the fused step's lookup and the operator step's
+        fused.max_rows = max_rows
+        with torch.inference_mode():
+            runs.append([h[0].tokens for h in generate(lean.net, sources, config)])
+    with torch.inference_mode():
+        assert runs[0] == runs[1] == [h[0].tokens for h in generate(kept.net, sources, config)]
 
 
 def test_a_row_is_the_same_alone_and_in_any_batch(tiny_model_dir: Path) -> None:
