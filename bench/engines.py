@@ -34,6 +34,7 @@ from typing import Any
 
 import torch
 from decode import OPUS_MT_EN_DE, sources
+from int8_products import cpu_flags
 from workers import ENGINES, MAX_SOURCE_TOKENS, EngineFailed, EngineSpec, Job, Pieces, Result, Worker, engine_kind
 
 from model import checkpoint
@@ -356,6 +357,7 @@ def main() -> None:
         meta.update(device="cuda", gpu=torch.cuda.get_device_name(), cuda=torch.version.cuda, precisions=precisions)
     else:
         meta["read_bandwidth_gbs"] = round(bandwidth or 0, 2)
+        meta["cpu_flags"] = cpu_flags()
     if "corpus" in args.benchmarks and not args.src.is_file():
         raise SystemExit(f"--src {args.src}: no such file (the corpus benchmark's sentences)")
     results: dict[str, Any] = {"meta": {**meta, "quick": args.quick}}

@@ -31,6 +31,7 @@ import torch  # noqa: E402
 from model.decode import DecodeBatch  # noqa: E402
 from model.generation import GenerationConfig  # noqa: E402
 from model.search import generate  # noqa: E402
+from int8_products import cpu_flags  # noqa: E402
 
 ROWS = (1, 2, 4, 8, 16, 32, 64, 128)
 
@@ -128,6 +129,7 @@ def main() -> None:
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps({
         "model": str(args.model), "threads": args.threads, "cpu": platform.processor() or platform.machine(),
+        "cpu_flags": cpu_flags(),
         "torch": torch.__version__, "date": time.strftime("%Y-%m-%d"), "results": results}, indent=2) + "\n")
     print(f"wrote {args.out}")
 

@@ -225,7 +225,7 @@ class FrozenTransformer:
         self.tgt_table: Tensor | Int8Table = model.tgt_embed.weight.detach()
         self.positions = model.positions.to(self.tgt_table.dtype)
         if rows8:  # the tables in int8 too, one for both when the model shares them
-            shared = self.src_table is self.tgt_table or self.src_table.data_ptr() == self.tgt_table.data_ptr()
+            shared = self.src_table.data_ptr() == self.tgt_table.data_ptr()
             self.src_table = Int8Table(self.src_table)
             self.tgt_table = self.src_table if shared else Int8Table(self.tgt_table)
         self.scale = model.scale

@@ -22,7 +22,7 @@ here, as the encoder's weights are quantized). Attention runs over each sentence
 
 from __future__ import annotations
 
-from concurrent.futures import ThreadPoolExecutor
+import functools
 from typing import TYPE_CHECKING, Any, cast
 
 import numpy as np
@@ -30,7 +30,7 @@ import torch
 from torch import Tensor
 from torch.ao.nn.quantized.dynamic import Linear as QuantizedLinear
 
-from model.fused_step import MAX_WEIGHT_BYTES, _weights, input_ranges
+from model.fused_step import MAX_WEIGHT_BYTES, _weights, at_once, input_ranges
 from model.kernels import ACTIVATIONS, INT8_DOT, weight_sums
 from model.kernels import encode as _encode
 
@@ -43,7 +43,6 @@ if TYPE_CHECKING:
 MAX_TOKENS = 24  # sentences of at most this many tokens are encoded here in float32 (module docstring)
 MAX_TOKENS_INT8 = 8  # and in int8 without AVX2; with it, every sentence
 SPLIT_MIN_TOKENS = 64  # admissions of at least this many tokens are cut over the torch threads
-_pool: ThreadPoolExecutor | None = None
 PRODUCTS = ("qkv", "o", "fc1", "fc2")
 
 
@@ -141,16 +140,7 @@ class FusedEncoder:
         out = kv.numpy()
         threads = torch.get_num_threads() if x.shape[0] >= SPLIT_MIN_TOKENS else 1
         parts = split(lengths, threads)
-        if len(parts) > 1:  # the compiled function releases the GIL: the parts run at once
-            global _pool
-            if _pool is None:
-                _pool = ThreadPoolExecutor(thread_name_prefix="tolk-encoder")
-            waits = [_pool.submit(self._encode, xs, out, part) for part in parts[1:]]
-            self._encode(xs, out, parts[0])
-            for wait in waits:
-                wait.result()
-        else:
-            self._encode(xs, out, parts[0])
+        at_once([functools.partial(self._encode, xs, out, part) for part in parts])  # the parts run at once
         return kv
 
     def _encode(self, x: np.ndarray, out: np.ndarray, part: tuple[int, list[int]]) -> None:

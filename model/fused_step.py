@@ -15,7 +15,8 @@ each parallel operator for as long as libgomp's GOMP_SPINCOUNT says (model/__ini
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import functools
+from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING, Any, cast
 
@@ -96,7 +97,20 @@ PRODUCTS = ("qkv", "o", "cross_q", "cross_o", "fc1", "fc2")
 # and the fused step's own copy of the weights would add as much memory again. The shipped models take 16 MB
 # (float32) and 4 MB (int8) and are faster fused with 2 threads as well (docs/benchmarks.md).
 MAX_WEIGHT_BYTES = 32 << 20
-_pool: ThreadPoolExecutor | None = None  # the threads that take runs of a step's rows
+_pool: ThreadPoolExecutor | None = None  # the threads that take the other parts of a cut call (`at_once`)
+
+
+def at_once(calls: Sequence[Callable[[], None]]) -> None:
+    """Run the calls at once: the first on this thread, each other on a pool thread (the compiled functions release
+    the GIL). Returns when all are done; raises what any raised. The fused step's runs of rows, and the fused
+    encoder's runs of sentences (model/fused_encoder.py)."""
+    global _pool
+    if len(calls) > 1 and _pool is None:
+        _pool = ThreadPoolExecutor(thread_name_prefix="tolk-parts")
+    waits = [_pool.submit(call) for call in calls[1:]] if _pool is not None and len(calls) > 1 else []
+    calls[0]()
+    for wait in waits:
+        wait.result()
 
 
 class FusedStep:
@@ -223,19 +237,10 @@ class FusedStep:
         views = cache.host_views()
         # tokens: a column of the row state (strided); one contiguous layout keeps to one compiled signature
         ids, out, align_out = np.ascontiguousarray(tokens.numpy()), logits.numpy(), weights.numpy()
-        runs = min(torch.get_num_threads(), B // self.split_min_rows)
-        if runs > 1:  # each run of rows on a thread of its own (`max_rows`)
-            global _pool
-            if _pool is None:
-                _pool = ThreadPoolExecutor(thread_name_prefix="tolk-step")
-            cuts = [B * i // runs for i in range(runs + 1)]
-            waits = [_pool.submit(self._run, ids, views, out, align_out, lo, hi)
-                     for lo, hi in zip(cuts[1:-1], cuts[2:], strict=True)]
-            self._run(ids, views, out, align_out, 0, cuts[1])
-            for wait in waits:
-                wait.result()
-        else:
-            self._run(ids, views, out, align_out, 0, B)
+        runs = max(1, min(torch.get_num_threads(), B // self.split_min_rows))  # each on a thread of its own
+        cuts = [B * i // runs for i in range(runs + 1)]
+        at_once([functools.partial(self._run, ids, views, out, align_out, lo, hi)
+                 for lo, hi in zip(cuts[:-1], cuts[1:], strict=True)])
         cache.advance(B, on_device=False)
         if align is not None:
             align.append(weights[:, : cache.s_hi])
