@@ -2,7 +2,8 @@
 
 1. step: milliseconds of one decoder step at 1 to 128 rows, the two steps alternating (median of 3 rounds of 25 steps
    each), int8 with the model's fixed input ranges and float32. With more than one torch thread, also the fused step
-   in one run of rows (not cut into one run per thread, `FusedStep.split_min_rows`).
+   in one run (not cut: neither into runs of rows, `FusedStep.split_min_rows`, nor into parts of each product,
+   `FusedStep.parts_max_rows`).
 2. sentences: translating test sentences one at a time (greedy, as one request at a time reaches the server's
    engine), milliseconds per sentence, the two steps alternating per block of sentences; and how many sentences
    come out with the same tokens from both, and the same one at a time as in batches of 32 rows.
@@ -41,9 +42,10 @@ def step_ms(lm: checkpoint.LoadedModel, sources: list[list[int]], rows: int, fus
     step's rows in one run."""
     net, fused_step = lm.net, lm.net.fused
     assert fused_step is not None
-    saved, split = fused_step.max_rows, fused_step.split_min_rows
+    saved, split, parts = fused_step.max_rows, fused_step.split_min_rows, fused_step.parts_max_rows
     fused_step.max_rows = rows if fused else 0
     fused_step.split_min_rows = split if cut else rows + 1
+    fused_step.parts_max_rows = parts if cut else 0
     config = GenerationConfig(max_new_tokens=40, min_new_tokens=40, scores=False)
     batch = DecodeBatch(net, rows, max(map(len, sources)), 40)
     batch.admit([((0, i), sources[i % len(sources)], config) for i in range(rows)])
@@ -54,7 +56,7 @@ def step_ms(lm: checkpoint.LoadedModel, sources: list[list[int]], rows: int, fus
         batch.record(logits.argmax(-1))
         if n >= 5:
             times.append(time.perf_counter() - start)
-    fused_step.max_rows, fused_step.split_min_rows = saved, split
+    fused_step.max_rows, fused_step.split_min_rows, fused_step.parts_max_rows = saved, split, parts
     return 1000 * statistics.median(times)
 
 

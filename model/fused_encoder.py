@@ -31,7 +31,7 @@ from torch import Tensor
 from torch.ao.nn.quantized.dynamic import Linear as QuantizedLinear
 
 from model.fused_step import MAX_WEIGHT_BYTES, _weights, at_once, input_ranges
-from model.kernels import ACTIVATIONS, INT8_DOT, weight_sums
+from model.kernels import ACTIVATIONS, INT8_DOT, encoder_shared_size, weight_sums
 from model.kernels import encode as _encode
 
 if TYPE_CHECKING:
@@ -117,7 +117,8 @@ class FusedEncoder:
         off = {name: np.zeros((L, 4), np.float32) for name in PRODUCTS} | {"kv": np.zeros(4, np.float32)}
         D = self.net.cfg.d_model
         _encode(np.zeros((1, D), np.float32), np.zeros(1, np.int64), np.ones(1, np.int64),  # type: ignore[call-arg]
-                *self._args(off), np.empty((1, self.arrays["w_kv"].shape[0]), np.float32))
+                *self._args(off), np.empty((1, self.arrays["w_kv"].shape[0]), np.float32), 0, 1,
+                np.zeros(2, np.int64), self._shared(1))
 
     def changed(self) -> None:
         """Input ranges or calibration state changed: read them again before the next encoding."""
@@ -138,18 +139,31 @@ class FusedEncoder:
         xs = np.ascontiguousarray(x.numpy())  # overwritten
         kv = torch.empty(x.shape[0], self.arrays["w_kv"].shape[0])
         out = kv.numpy()
-        threads = torch.get_num_threads() if x.shape[0] >= SPLIT_MIN_TOKENS else 1
-        parts = split(lengths, threads)
-        at_once([functools.partial(self._encode, xs, out, part) for part in parts])  # the parts run at once
+        threads = torch.get_num_threads()
+        if threads > 1 and x.shape[0] < SPLIT_MIN_TOKENS:  # too few tokens to cut by sentences: by products
+            flags, shared = np.zeros(threads + 1, np.int64), self._shared(x.shape[0])
+            at_once([functools.partial(self._encode, xs, out, (0, lengths), part, threads, flags, shared)
+                     for part in range(threads)])
+            return kv
+        runs = split(lengths, threads if x.shape[0] >= SPLIT_MIN_TOKENS else 1)
+        at_once([functools.partial(self._encode, xs, out, run) for run in runs])  # the runs at once
         return kv
 
-    def _encode(self, x: np.ndarray, out: np.ndarray, part: tuple[int, list[int]]) -> None:
-        """The sentences of these lengths whose tokens start at row `first` of x, into the same rows of out."""
-        first, lengths = part
+    def _encode(self, x: np.ndarray, out: np.ndarray, run: tuple[int, list[int]], part: int = 0, parts: int = 1,
+                flags: np.ndarray | None = None, shared: np.ndarray | None = None) -> None:
+        """The sentences of these lengths whose tokens start at row `first` of x, into the same rows of out; or
+        part `part` of `parts` of them (with the parts' flags and shared arrays)."""
+        first, lengths = run
         ns = np.array(lengths, np.int64)
         starts = np.concatenate([[0], np.cumsum(ns)[:-1]]).astype(np.int64)
         rows = slice(first, first + int(ns.sum()))
-        _encode(x[rows], starts, ns, *self.args, out[rows])  # type: ignore[call-arg, misc]
+        if shared is None:
+            flags, shared = np.zeros(2, np.int64), self._shared(int(ns.sum()))
+        _encode(x[rows], starts, ns, *self.args, out[rows], part, parts, flags, shared)  # type: ignore[call-arg, misc]
+
+    def _shared(self, tokens: int) -> np.ndarray:
+        cfg = self.net.cfg
+        return np.empty(encoder_shared_size(tokens, cfg.d_model, cfg.d_ff), np.float32)
 
 
 def split(lengths: list[int], parts: int) -> list[tuple[int, list[int]]]:

@@ -16,6 +16,9 @@ each parallel operator for as long as libgomp's GOMP_SPINCOUNT says (model/__ini
 from __future__ import annotations
 
 import functools
+import os
+import threading
+import weakref
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING, Any, cast
@@ -25,7 +28,24 @@ import torch
 from torch import Tensor
 from torch.ao.nn.quantized.dynamic import Linear as QuantizedLinear
 
-from model.kernels import ACTIVATIONS, EXACT_SUM_TERMS, INT8_DOT, choose_greedy, quantize_rows, weight_sums
+from model.kernels import (
+    ACTIVATIONS,
+    DONE,
+    EXACT_SUM_TERMS,
+    GO,
+    HELPER_SLOTS,
+    INT8_DOT,
+    PER_HELPER,
+    STOP,
+    choose_greedy,
+    post,
+    post_step,
+    quantize_rows,
+    shared_size,
+    step_worker,
+    wait_done,
+    weight_sums,
+)
 from model.kernels import step as _step
 from model.projection import Int8Table, int8_weight_bias, stacked_bias
 
@@ -113,6 +133,90 @@ def at_once(calls: Sequence[Callable[[], None]]) -> None:
         wait.result()
 
 
+_forks = 0  # how many times this process was forked into: a child has none of its parent's helper threads
+
+
+def _forked() -> None:
+    global _forks
+    _forks += 1
+
+
+os.register_at_fork(after_in_child=_forked)
+
+
+class Helpers:
+    """Threads that take the other parts of fused steps (model.kernels.step_worker), one per torch thread but the
+    caller's. A step is posted through an int64 control block (addresses, sizes, each helper's share), the helpers
+    take it at once and the caller waits for them spinning: about 1 us a step, where a thread pool took 30-50 us to
+    wake a sleeping thread on this VM. Between steps a helper waits spinning, giving its core up to any other
+    runnable thread at once, for about `rounds` x 2-5 us; then it sleeps until the next step wakes it."""
+
+    rounds = 200
+
+    def __init__(self, args: tuple[Any, ...], helpers: int) -> None:
+        self.args, self.helpers, self.forks = args, helpers, _forks
+        self.control = np.zeros(HELPER_SLOTS + PER_HELPER * helpers, np.int64)
+        self.flags = np.zeros(helpers + 2, np.int64)  # each part's meetings, the stop sign (`_sync`)
+        self.sleeping = [False] * helpers
+        self.wake = threading.Condition()
+        self.failed: BaseException | None = None
+        self.threads = [threading.Thread(target=self._serve, args=(w,), name=f"tolk-step-{w}", daemon=True)
+                        for w in range(1, helpers + 1)]
+        for thread in self.threads:
+            thread.start()
+
+    def _serve(self, w: int) -> None:
+        at = HELPER_SLOTS + PER_HELPER * (w - 1)
+        while True:
+            try:
+                stopped = step_worker(self.control, w, self.rounds, self.flags, self.args)
+            except BaseException as e:  # noqa: BLE001 - handed to the caller, which raises it
+                self.failed = e
+                self.flags[-1] = 1  # nobody waits for this part any more
+                self.control[at + DONE] = self.control[GO]
+                return
+            if stopped:
+                return
+            with self.wake:
+                self.sleeping[w - 1] = True
+                while self.control[GO] == self.control[at + DONE]:
+                    self.wake.wait()
+                self.sleeping[w - 1] = False
+
+    def run(self, ids: np.ndarray, views: tuple[np.ndarray, ...], logits: np.ndarray, runs: int,
+            mine: Callable[[int, int, np.ndarray, np.ndarray], None]) -> None:
+        """One step of ids.shape[0] rows: `runs` 1, cut into parts of every product; else into `runs` runs of rows.
+        `mine(hi, parts, flags, shared)` computes the caller's share: part 0 of `parts`, or rows 0..hi-1."""
+        B = ids.shape[0]
+        d_model, d_ff = views[2].shape[3] * views[2].shape[5], self.args[31].shape[1]
+        shared = np.empty(shared_size(B, d_model, d_ff), np.float32)
+        self.flags[:] = 0
+        with self.wake:
+            go = post_step(self.control, self.helpers, runs, ids, logits, *views, shared)  # type: ignore[call-arg]
+            if any(self.sleeping):
+                self.wake.notify_all()
+        try:
+            if runs == 1:
+                mine(B, self.helpers + 1, self.flags, shared)
+            else:
+                mine(B // runs, 1, self.flags, shared[: shared_size(B // runs, d_model, d_ff)])
+        except BaseException:
+            self.flags[-1] = 1
+            raise
+        finally:
+            wait_done(self.control, self.helpers, go)
+        if self.failed is not None:
+            raise RuntimeError("a fused step's helper thread failed") from self.failed
+
+    def stop(self) -> None:
+        with self.wake:
+            self.control[STOP] = 1
+            post(self.control)
+            self.wake.notify_all()
+        for thread in self.threads:
+            thread.join()
+
+
 class FusedStep:
     """The decode step of up to `max_rows` rows per torch thread on the CPU as one compiled function (`_step`)."""
 
@@ -126,15 +230,24 @@ class FusedStep:
     max_rows = 16
     max_rows_int8_dot = 64
     split_min_rows = 4
+    # With more than one torch thread, a step of up to this many rows is cut instead into parts of every product (by
+    # outputs) and attention (by heads), one per thread (model.kernels.step): each thread reads its share of the
+    # weights alone. float32 steps always (their weights' bytes are their cost); int8 ones of few rows.
+    parts_max_rows = 7
+    parts_max_rows_float32 = 1 << 30
+    _one = np.zeros(2, np.int64)  # a step in one part meets nobody: its flags are never read
 
     def __init__(self, arrays: dict[str, np.ndarray], projections: dict[str, Projection], net: FrozenTransformer,
                  pre: bool, act: int, eps: float) -> None:
         self.arrays, self.projections, self.net = arrays, projections, net
         if arrays["w_qkv"].dtype == np.int8 and INT8_DOT:
             self.max_rows = self.max_rows_int8_dot
+        if arrays["w_qkv"].dtype == np.float32:
+            self.parts_max_rows = self.parts_max_rows_float32
         self.pre, self.act, self.eps = pre, act, eps
         self.usable: bool | None = None  # read from the products when first asked (`ready`)
         self.args: tuple[Any, ...] | None = None  # `_step`'s arguments after the cache's, while usable
+        self.hot: Helpers | None = None  # the threads that take the other parts of a step, made when first needed
 
     @classmethod
     def build(cls, model: Transformer, net: FrozenTransformer) -> FusedStep | None:
@@ -196,7 +309,7 @@ class FusedStep:
         _step(np.zeros(1, np.int64), 0, np.zeros(1, np.int64), np.ones((1, 1), np.bool_),  # type: ignore[call-arg]
               np.zeros((L, 2, 1, H, 2, Dh), np.float32), np.zeros((L, 2, 1, H, 1, Dh), np.float32),
               *self._args(off, np.float32(1.0)), np.empty((1, a["w_out"].shape[0]), np.float32),
-              np.zeros((1, 1), np.float32))
+              np.zeros((1, 1), np.float32), 0, 1, np.zeros(1, np.int64), self._shared(1))
 
     def changed(self) -> None:
         """The products' input ranges or calibration state changed: read them again before the next step."""
@@ -237,20 +350,46 @@ class FusedStep:
         views = cache.host_views()
         # tokens: a column of the row state (strided); one contiguous layout keeps to one compiled signature
         ids, out, align_out = np.ascontiguousarray(tokens.numpy()), logits.numpy(), weights.numpy()
-        runs = max(1, min(torch.get_num_threads(), B // self.split_min_rows))  # each on a thread of its own
+        threads = torch.get_num_threads()
+        runs = max(1, min(threads, B // self.split_min_rows))  # each on a thread of its own
+        parts = threads > 1 and self.parts_max_rows >= B  # else runs of rows: the step's products cut
         cuts = [B * i // runs for i in range(runs + 1)]
-        at_once([functools.partial(self._run, ids, views, out, align_out, lo, hi)
-                 for lo, hi in zip(cuts[:-1], cuts[1:], strict=True)])
+        if align is None and (parts or runs > 1):
+            self._helpers(threads).run(ids, views, out, 1 if parts else runs, functools.partial(
+                self._run, ids, views, out, align_out, 0))
+        elif parts:
+            flags, shared = np.zeros(threads + 1, np.int64), self._shared(B)
+            at_once([functools.partial(self._run, ids, views, out, align_out, 0, B, threads, flags, shared, part)
+                     for part in range(threads)])
+        else:
+            at_once([functools.partial(self._run, ids, views, out, align_out, lo, hi, 1, self._one,
+                                       self._shared(hi - lo)) for lo, hi in zip(cuts[:-1], cuts[1:], strict=True)])
         cache.advance(B, on_device=False)
         if align is not None:
             align.append(weights[:, : cache.s_hi])
         return logits
 
     def _run(self, ids: np.ndarray, views: tuple[np.ndarray, ...], logits: np.ndarray, align: np.ndarray, lo: int,
-             hi: int) -> None:
-        """Rows lo..hi-1 of the step."""
+             hi: int, parts: int, flags: np.ndarray, shared: np.ndarray, part: int = 0) -> None:
+        """Rows lo..hi-1 of the step, or part `part` of `parts` of it."""
         _step(ids[lo:hi], lo, *views, *self.args, logits[lo:hi],  # type: ignore[call-arg, misc]
-              align[lo:hi] if align.shape[0] else align)
+              align[lo:hi] if align.shape[0] else align, part, parts, flags, shared)
+
+    def _helpers(self, threads: int) -> Helpers:
+        """The helper threads for this many torch threads and the current weights and settings."""
+        hot = self.hot
+        if hot is None or hot.helpers != threads - 1 or hot.args is not self.args or hot.forks != _forks:
+            if hot is not None and hot.forks == _forks:
+                hot.stop()
+            assert self.args is not None
+            self.hot = hot = Helpers(self.args, threads - 1)
+            weakref.finalize(self, hot.stop)
+        return hot
+
+    def _shared(self, rows: int) -> np.ndarray:
+        """`_step`'s working arrays written by every part, for this many rows."""
+        cfg = self.net.cfg
+        return np.empty(shared_size(rows, cfg.d_model, cfg.d_ff), np.float32)
 
     @staticmethod
     def choose(logits: np.ndarray, banned: np.ndarray, eos: int, n_gen: np.ndarray, min_new: np.ndarray,

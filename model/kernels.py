@@ -33,6 +33,7 @@ from llvmlite import ir
 from numba import njit, types
 from numba.core import cgutils, config
 from numba.core.extending import intrinsic
+from numba.np.numpy_support import carray
 
 # Reassociation lets sums vectorise; no "nnan"/"ninf": masked attention scores are -inf.
 FAST = {"nsz", "arcp", "contract", "reassoc"}
@@ -113,6 +114,44 @@ def _dot4_u8s8(typingctx, x, x_at, w, w_at, w_stride, blocks):  # type: ignore[n
     return cast(Any, types).UniTuple(types.int32, 4)(x, x_at, w, w_at, w_stride, blocks), codegen
 
 
+def _flag_at(context: Any, builder: Any, signature: Any, args: Any) -> Any:
+    """The address of flags[i] (an int64 array and an index)."""
+    data = context.make_array(signature.args[0])(context, builder, args[0]).data
+    return builder.gep(data, [context.cast(builder, args[1], signature.args[1], types.intp)])
+
+
+@intrinsic
+def _flag_load(typingctx, flags, i):  # type: ignore[no-untyped-def]  # pragma: no cover - compiled
+    """flags[i] read atomically (acquire): what its writer wrote before setting it is seen after."""
+    def codegen(context, builder, signature, args):  # type: ignore[no-untyped-def]
+        return builder.load_atomic(_flag_at(context, builder, signature, args), "acquire", 8)
+    return types.int64(flags, i), codegen
+
+
+@intrinsic
+def _flag_store(typingctx, flags, i, value):  # type: ignore[no-untyped-def]  # pragma: no cover - compiled
+    """flags[i] = value, atomically (release)."""
+    def codegen(context, builder, signature, args):  # type: ignore[no-untyped-def]
+        v = context.cast(builder, args[2], signature.args[2], types.int64)
+        builder.store_atomic(v, _flag_at(context, builder, signature, args), "release", 8)
+        return context.get_dummy_value()
+    return types.void(flags, i, value), codegen
+
+
+_X86 = platform.machine().lower() in ("x86_64", "amd64")
+
+
+@intrinsic
+def _pause(typingctx):  # type: ignore[no-untyped-def]  # pragma: no cover - compiled
+    """x86's `pause` in a spin-wait loop (nothing elsewhere)."""
+    def codegen(context, builder, signature, args):  # type: ignore[no-untyped-def]
+        if _X86:
+            fn = builder.module.declare_intrinsic("llvm.x86.sse2.pause", fnty=ir.FunctionType(ir.VoidType(), []))
+            builder.call(fn, [])
+        return context.get_dummy_value()
+    return types.void(), codegen
+
+
 @njit(fastmath=FAST, nogil=True, cache=True)
 def _act(v: float, kind: int) -> float:  # pragma: no cover - compiled
     if kind == 1:
@@ -133,22 +172,31 @@ def _product(x, w, scale, bias, quant, sums, act, res, y):  # type: ignore[no-un
     each int8 weight row's sum (`weight_sums`), for the zero point. on = 2: every row of x takes its own scale
     (`_rows_own`; quant's other entries unused).
     """
+    _product_cols(x, w, scale, bias, quant, sums, act, res, y, 0, w.shape[0])
+
+
+@njit(fastmath=FAST, nogil=True, cache=True)
+def _product_cols(x, w, scale, bias, quant, sums, act, res, y, j0, j1):  # type: ignore[no-untyped-def]  # pragma: no cover
+    """`_product`'s outputs j0..j1-1 alone (y's other columns untouched). Each output is computed the same way
+    whatever the range, as long as j0 is a multiple of 4 (`_cols`): products cut by columns over threads give
+    the numbers of the whole product."""
     B, K = x.shape
-    N = w.shape[0]
     if quant[3] == 2:
-        _rows_own(x, w, scale, bias, sums, act, y)
-        if res.shape[0] == B:
-            for r in range(B):
-                for j in range(N):
-                    y[r, j] += res[r, j]
-        return
-    if quant[3] != 0 and INT8_DOT and K % 32 == 0:
-        _rows_u8(x, w, scale, bias, quant, sums, act, y)
-        if res.shape[0] == B:
-            for r in range(B):
-                for j in range(N):
-                    y[r, j] += res[r, j]
-        return
+        _rows_own(x, w, scale, bias, sums, act, y, j0, j1)
+    elif quant[3] != 0 and INT8_DOT and K % 32 == 0:
+        _rows_u8(x, w, scale, bias, quant, sums, act, y, j0, j1)
+    else:
+        _rows_f32(x, w, scale, bias, quant, act, y, j0, j1)
+    if res.shape[0] == B:
+        for r in range(B):
+            for j in range(j0, j1):
+                y[r, j] += res[r, j]
+
+
+@njit(fastmath=FAST, nogil=True, cache=True)
+def _rows_f32(x, w, scale, bias, quant, act, y, j0, j1):  # type: ignore[no-untyped-def]  # pragma: no cover
+    """`_product_cols` in float32: float32 weights, or int8 ones without AVX2's byte products."""
+    B, K = x.shape
     xs = np.empty((B, K), np.float32)
     out_scale = np.float32(1.0)
     if quant[3] != 0:
@@ -161,18 +209,14 @@ def _product(x, w, scale, bias, quant, sums, act, res, y):  # type: ignore[no-un
     else:
         xs[:] = x
     if B == 1:
-        _rows1(xs, w, scale, bias, out_scale, act, y)
+        _rows1(xs, w, scale, bias, out_scale, act, y, j0, j1)
     else:
-        _rows2(xs, w, scale, bias, out_scale, act, y)
-    if res.shape[0] == B:
-        for r in range(B):
-            for j in range(N):
-                y[r, j] += res[r, j]
+        _rows2(xs, w, scale, bias, out_scale, act, y, j0, j1)
 
 
 @njit(fastmath=FAST, nogil=True, cache=True)
-def _rows_u8(x, w, scale, bias, quant, sums, act, y):  # type: ignore[no-untyped-def]  # pragma: no cover - compiled
-    """`_product`'s int8 rows on AVX2: x quantized to bytes, and each sum of (x - zero point) * w as
+def _rows_u8(x, w, scale, bias, quant, sums, act, y, j0, j1):  # type: ignore[no-untyped-def]  # pragma: no cover
+    """`_product_cols`' int8 rows on AVX2: x quantized to bytes, and each sum of (x - zero point) * w as
     dot(x, w) - zero point * sum(w), the same integers as the float32 sums of the other way."""
     B, K = x.shape
     N = w.shape[0]
@@ -183,20 +227,20 @@ def _rows_u8(x, w, scale, bias, quant, sums, act, y):  # type: ignore[no-untyped
             v = np.float32(np.round(x[r, k] * quant[0])) + zp
             xq[r, k] = np.uint8(min(max(v, np.float32(0.0)), np.float32(255.0)))
     dots = np.empty((B, N), np.int32)
-    _byte_dots(xq, w, dots)
+    _byte_dots_cols(xq, w, dots, j0, j1)
     izp = np.int32(zp)
     zero = np.float32(0.0)
     for r in range(B):  # one row at a time, ReLU or none in the loop itself: the loops vectorise (with `_act`'s
         row, out = dots[r], y[r]  # branches inside, they did not: 14 of a 56 us product at 15 rows)
         if act == 1:
-            for j in range(N):
+            for j in range(j0, j1):
                 v = np.float32(row[j] - izp * sums[j]) * (quant[1] * scale[j]) + bias[j]
                 out[j] = v if v > zero else zero
         elif act == 0:
-            for j in range(N):
+            for j in range(j0, j1):
                 out[j] = np.float32(row[j] - izp * sums[j]) * (quant[1] * scale[j]) + bias[j]
         else:
-            for j in range(N):
+            for j in range(j0, j1):
                 out[j] = _act(np.float32(row[j] - izp * sums[j]) * (quant[1] * scale[j]) + bias[j], act)
 
 
@@ -204,27 +248,31 @@ def _rows_u8(x, w, scale, bias, quant, sums, act, y):  # type: ignore[no-untyped
 def _byte_dots(xq, w, dots):  # type: ignore[no-untyped-def]  # pragma: no cover - compiled
     """dots (B, N) int32 = xq (B, K) uint8 . w (N, K) int8 through AVX2's byte products (K a multiple of 32): exact
     for inputs of at most 7 bits (0..127), whose pairs of products cannot saturate."""
+    _byte_dots_cols(xq, w, dots, 0, w.shape[0])
+
+
+@njit(nogil=True, cache=True)
+def _byte_dots_cols(xq, w, dots, j0, j1):  # type: ignore[no-untyped-def]  # pragma: no cover - compiled
+    """`_byte_dots`' columns j0..j1-1."""
     B, K = xq.shape
-    N = w.shape[0]
     blocks = K // 32
     stride = w.strides[0]
-    N4 = N - N % 4
-    for j in range(0, N4, 4):  # four weight rows at a time, every input row against them while they are in cache
+    N4 = j1 - (j1 - j0) % 4
+    for j in range(j0, N4, 4):  # four weight rows at a time, every input row against them while they are in cache
         for r in range(B):
             four = _dot4_u8s8(xq, r * K, w, j * stride, stride, blocks)  # type: ignore[call-arg, var-annotated]
             dots[r, j], dots[r, j + 1], dots[r, j + 2], dots[r, j + 3] = four
-    for j in range(N4, N):
+    for j in range(N4, j1):
         for r in range(B):
             dots[r, j] = _dot_u8s8(xq, r * K, w, j * stride, blocks)  # type: ignore[call-arg]
 
 
 @njit(nogil=True, cache=True)
-def _int_dots(xq, w, dots):  # type: ignore[no-untyped-def]  # pragma: no cover - compiled
-    """`_byte_dots` without AVX2, or for any K: exact int32 sums."""
+def _int_dots(xq, w, dots, j0, j1):  # type: ignore[no-untyped-def]  # pragma: no cover - compiled
+    """`_byte_dots_cols` without AVX2, or for any K: exact int32 sums."""
     B, K = xq.shape
-    N = w.shape[0]
     for r in range(B):
-        for j in range(N):
+        for j in range(j0, j1):
             acc = np.int32(0)
             for k in range(K):
                 acc += np.int32(xq[r, k]) * np.int32(w[j, k])
@@ -255,7 +303,7 @@ def _round_into(x, a, xq):  # type: ignore[no-untyped-def]  # pragma: no cover -
 
 
 @njit(nogil=True, cache=True)  # no fastmath: each rounding as fbgemm's product rounds (`Rows8`)
-def _rows_own(x, w, scale, bias, sums, act, y):  # type: ignore[no-untyped-def]  # pragma: no cover - compiled
+def _rows_own(x, w, scale, bias, sums, act, y, j0, j1):  # type: ignore[no-untyped-def]  # pragma: no cover
     """`_product` with a scale per input row (quant[3] == 2, `model.projection.Rows8`): row r quantized on its own
     with a = 63 / max |x[r]| into 7 bits around 64 (pairs of byte products cannot saturate), exact integer sums with
     the int8 weights (one multiplier scale[j] per output row, `quantize_rows`), and
@@ -269,11 +317,11 @@ def _rows_own(x, w, scale, bias, sums, act, y):  # type: ignore[no-untyped-def] 
         _round_into(x[r], a[r], xq[r])
     dots = np.empty((B, N), np.int32)
     if INT8_DOT and K % 32 == 0:
-        _byte_dots(xq, w, dots)
+        _byte_dots_cols(xq, w, dots, j0, j1)
     else:
-        _int_dots(xq, w, dots)
+        _int_dots(xq, w, dots, j0, j1)
     for r in range(B):
-        for j in range(N):
+        for j in range(j0, j1):
             v = np.float32(dots[r, j] - np.int32(64) * sums[j]) * scale[j]
             y[r, j] = _act(v / a[r] + bias[j], act)
 
@@ -327,12 +375,11 @@ def weight_sums(w: np.ndarray) -> np.ndarray:
 
 
 @njit(fastmath=FAST, nogil=True, cache=True)
-def _rows1(xs, w, scale, bias, out_scale, act, y):  # type: ignore[no-untyped-def]  # pragma: no cover - compiled
-    """One row: four outputs at a time, the weights converted as they are read."""
+def _rows1(xs, w, scale, bias, out_scale, act, y, j0, j1):  # type: ignore[no-untyped-def]  # pragma: no cover
+    """One row, outputs j0..j1-1: four at a time, the weights converted as they are read."""
     K = xs.shape[1]
-    N = w.shape[0]
-    N4 = N - N % 4
-    for j in range(0, N4, 4):
+    N4 = j1 - (j1 - j0) % 4
+    for j in range(j0, N4, 4):
         a0 = np.float32(0.0)
         a1 = np.float32(0.0)
         a2 = np.float32(0.0)
@@ -347,7 +394,7 @@ def _rows1(xs, w, scale, bias, out_scale, act, y):  # type: ignore[no-untyped-de
         y[0, j + 1] = _act(a1 * (out_scale * scale[j + 1]) + bias[j + 1], act)
         y[0, j + 2] = _act(a2 * (out_scale * scale[j + 2]) + bias[j + 2], act)
         y[0, j + 3] = _act(a3 * (out_scale * scale[j + 3]) + bias[j + 3], act)
-    for j in range(N4, N):
+    for j in range(N4, j1):
         a = np.float32(0.0)
         for k in range(K):
             a += xs[0, k] * np.float32(w[j, k])
@@ -355,14 +402,14 @@ def _rows1(xs, w, scale, bias, out_scale, act, y):  # type: ignore[no-untyped-de
 
 
 @njit(fastmath=FAST, nogil=True, cache=True)
-def _rows2(xs, w, scale, bias, out_scale, act, y):  # type: ignore[no-untyped-def]  # pragma: no cover - compiled
-    """Several rows: four outputs' weights converted once into a block, then two rows at a time over it."""
+def _rows2(xs, w, scale, bias, out_scale, act, y, j0, j1):  # type: ignore[no-untyped-def]  # pragma: no cover
+    """Several rows, outputs j0..j1-1: four outputs' weights converted once into a block, then two rows at a time
+    over it."""
     B, K = xs.shape
-    N = w.shape[0]
     wb = np.zeros((4, K), np.float32)
     acc = np.empty((2, 4), np.float32)
-    for j in range(0, N, 4):
-        n = min(4, N - j)
+    for j in range(j0, j1, 4):
+        n = min(4, j1 - j)
         for c in range(n):
             for k in range(K):
                 wb[c, k] = w[j + c, k]
@@ -414,60 +461,20 @@ def _norm(x, w, b, eps, out):  # type: ignore[no-untyped-def]  # pragma: no cove
 
 
 @njit(fastmath=FAST, nogil=True, cache=True)
-def _qkv(x, h, norm_w, norm_b, eps, pre, w, s, b, q, c, none, qkv):  # type: ignore[no-untyped-def]  # pragma: no cover
-    """A layer's self-attention Q, K and V of x into qkv, through the sublayer's norm first when pre-norm (into h).
-    Shared by the step and the encoder (model/fused_encoder.py)."""
-    if pre:
-        _norm(x, norm_w, norm_b, eps, h)
-        _product(h, w, s, b, q, c, 0, none, qkv)
-    else:
-        _product(x, w, s, b, q, c, 0, none, qkv)
-
-
-@njit(fastmath=FAST, nogil=True, cache=True)
-def _next(x, h, norm_w, norm_b, j, eps, pre):  # type: ignore[no-untyped-def]  # pragma: no cover - compiled
-    """h holds sublayer j's residual sum: x becomes the stream and h the input of sublayer j + 1 (pre-norm: the
-    stream normalised by norm j + 1; post-norm: the sum normalised by norm j, which is also the stream)."""
-    if pre:
-        x[:] = h
-        _norm(x, norm_w[j + 1], norm_b[j + 1], eps, h)
-    else:
-        _norm(h, norm_w[j], norm_b[j], eps, x)
-        h[:] = x
-
-
-@njit(fastmath=FAST, nogil=True, cache=True)
-def _feed_forward(x, h, f, w_1, s_1, b_1, q_1, c_1, w_2, s_2, b_2, q_2, c_2, act, norm_w, norm_b, eps,  # type: ignore[no-untyped-def]
-                  pre):  # pragma: no cover - compiled
-    """The feed-forward sublayer of the rows: h holds its input, x the stream, f (B, F) is scratch. x becomes the
-    stream after it (post-norm: the residual sum normalised by norm_w, norm_b)."""
-    _product(h, w_1, s_1, b_1, q_1, c_1, act, np.empty((0, 0), np.float32), f)
-    _product(f, w_2, s_2, b_2, q_2, c_2, 0, x, h)
-    if pre:
-        x[:] = h
-    else:
-        _norm(h, norm_w, norm_b, eps, x)
-
-
-@njit(fastmath=FAST, nogil=True, cache=True)
-def _last(x, h, final_w, final_b, eps, pre, w, s, b, q, c, out):  # type: ignore[no-untyped-def]  # pragma: no cover
-    """The stack's output product of the stream x: after the final norm (pre-norm, into h), or of x itself."""
-    if pre:
-        _norm(x, final_w, final_b, eps, h)
-        _product(h, w, s, b, q, c, 0, np.empty((0, 0), np.float32), out)
-    else:
-        _product(x, w, s, b, q, c, 0, np.empty((0, 0), np.float32), out)
-
-
-@njit(fastmath=FAST, nogil=True, cache=True)
 def _attend(q, k, v, n, out, weights):  # type: ignore[no-untyped-def]  # pragma: no cover - compiled
     """One query q (H * Dh,) over the first n keys and values k, v (H, T, Dh) into out (H * Dh,); the attention
     weights averaged over heads are added into `weights` (T,) unless it is empty."""
+    _attend_heads(q, k, v, n, out, weights, 0, k.shape[0])
+
+
+@njit(fastmath=FAST, nogil=True, cache=True)
+def _attend_heads(q, k, v, n, out, weights, h0, h1):  # type: ignore[no-untyped-def]  # pragma: no cover - compiled
+    """`_attend`'s heads h0..h1-1 alone, each computed as in the whole (`weights` gets their share)."""
     H, _, Dh = k.shape
     scale = np.float32(1.0 / math.sqrt(Dh))
     p = np.empty(n, np.float32)
     o = np.empty(Dh, np.float32)
-    for h in range(H):
+    for h in range(h0, h1):
         top = -np.inf
         for t in range(n):
             s = np.float32(0.0)
@@ -521,20 +528,98 @@ def attend_packed(qkv, starts, ns, H, out):  # type: ignore[no-untyped-def]  # p
     The encoder's attention (`encode`, and the operator-by-operator encoder on the CPU): no padding, no mask, and a
     sentence's numbers never depend on what it is batched with. Against padding the batch and SDPA with a mask:
     `bench/encoder_attention.py`."""
+    _attend_packed_units(qkv, starts, ns, H, out, 0, starts.shape[0] * H)
+
+
+@njit(fastmath=FAST, nogil=True, cache=True)
+def _attend_packed_units(qkv, starts, ns, H, out, u0, u1):  # type: ignore[no-untyped-def]  # pragma: no cover
+    """`attend_packed`'s units u0..u1-1 alone: unit u is head u % H of sentence u // H."""
     D = qkv.shape[1] // 3
     Dh = D // H
     none = np.empty(0, np.float32)
     for b in range(starts.shape[0]):
+        h0, h1 = max(u0 - b * H, 0), min(u1 - b * H, H)
+        if h0 >= h1:
+            continue
         s0, n = starts[b], ns[b]
         k = np.empty((H, n, Dh), np.float32)
         v = np.empty((H, n, Dh), np.float32)
         for t in range(n):
-            for hh in range(H):
+            for hh in range(h0, h1):
                 for d in range(Dh):
                     k[hh, t, d] = qkv[s0 + t, D + hh * Dh + d]
                     v[hh, t, d] = qkv[s0 + t, 2 * D + hh * Dh + d]
         for t in range(n):
-            _attend(qkv[s0 + t, :D], k, v, n, out[s0 + t], none)
+            _attend_heads(qkv[s0 + t, :D], k, v, n, out[s0 + t], none, h0, h1)
+
+
+@njit(nogil=True, cache=True)
+def _cols(n, part, parts):  # type: ignore[no-untyped-def]  # pragma: no cover - compiled
+    """Part `part` of `parts` of n columns (or attention units), as (start, end): starts on multiples of 4, so that
+    each product output is computed as in the whole product (`_product_cols`)."""
+    if parts == 1:
+        return 0, n
+    blocks = n // 4
+    j0 = 4 * (blocks * part // parts)
+    j1 = n if part == parts - 1 else 4 * (blocks * (part + 1) // parts)
+    return j0, j1
+
+
+@njit(nogil=True, cache=True)
+def _sync(flags, part, parts, count):  # type: ignore[no-untyped-def]  # pragma: no cover - compiled
+    """The parts of a step meet: part `part` says it reached its `count`-th meeting, and waits, spinning, until
+    every other part has too. What a part wrote before is then seen by all (release and acquire). flags (parts + 1,)
+    int64: each part's count, then a stop sign (nonzero: a part failed; nobody waits any more)."""
+    if parts == 1:
+        return
+    _flag_store(flags, part, count)  # type: ignore[call-arg]
+    for p in range(parts):
+        while _flag_load(flags, p) < count and _flag_load(flags, parts) == 0:
+            _pause()
+
+
+@njit(fastmath=FAST, nogil=True, cache=True)
+def _attend_units(q, kv, i, r0, lengths, self_t, a, align, part, parts):  # type: ignore[no-untyped-def]  # pragma: no cover
+    """This part's share of the rows' attention (q (B, H * Dh) over kv[i, 0/1, r0 + r]) into a: units of one head
+    of one row, or of whole rows when `align` takes the weights (summed over heads in order). self_t >= 0: the
+    self-attention of the rows' new tokens, whose K/V (q's columns D..3D) go into the cache at each row's position
+    first, and lengths are the positions + 1."""
+    B = a.shape[0]
+    H, Dh = kv.shape[3], kv.shape[5]
+    D = H * Dh
+    per = 1 if align.shape[0] > 0 else H  # units per row
+    u0, u1 = _units(B * per, part, parts)
+    none = np.empty(0, np.float32)
+    for u in range(u0, u1):
+        r = u // per
+        h0 = 0 if per == 1 else u % per
+        h1 = H if per == 1 else h0 + 1
+        n = lengths[r]
+        if self_t >= 0:
+            t = n - 1
+            for hh in range(h0, h1):
+                for d in range(Dh):
+                    kv[i, 0, r0 + r, hh, t, d] = q[r, D + hh * Dh + d]
+                    kv[i, 1, r0 + r, hh, t, d] = q[r, 2 * D + hh * Dh + d]
+        _attend_heads(q[r, :D], kv[i, 0, r0 + r], kv[i, 1, r0 + r], n, a[r], align[r] if per == 1 else none, h0, h1)
+
+
+@njit(nogil=True, cache=True)
+def _units(n, part, parts):  # type: ignore[no-untyped-def]  # pragma: no cover - compiled
+    """Part `part` of `parts` of n units of work, as (start, end)."""
+    return n * part // parts, n * (part + 1) // parts
+
+
+@njit(fastmath=FAST, nogil=True, cache=True)
+def _then(y, x, hn, norm_w, norm_b, eps, pre):  # type: ignore[no-untyped-def]  # pragma: no cover - compiled
+    """After a sublayer whose residual sum is y: the next sublayer's input into hn (this part's own copy) and the
+    stream it adds to, returned. Pre-norm: the stream is y, the input y under the next norm (norm_w, norm_b);
+    post-norm: both are y under the sublayer's own norm (norm_w, norm_b), copied into x as well."""
+    _norm(y, norm_w, norm_b, eps, hn)
+    if pre:
+        return y
+    x[:] = hn
+    return x
 
 
 @njit(fastmath=FAST, nogil=True, cache=True)
@@ -543,70 +628,268 @@ def step(tokens, r0, pos, src_mask, self_kv, cross_kv, table, table_scale, posit
           norm_w, norm_b, eps, pre, final_w, final_b, act,
           w_qkv, s_qkv, b_qkv, q_qkv, c_qkv, w_o, s_o, b_o, q_o, c_o, w_cq, s_cq, b_cq, q_cq, c_cq,
           w_co, s_co, b_co, q_co, c_co, w_1, s_1, b_1, q_1, c_1, w_2, s_2, b_2, q_2, c_2,
-          w_out, s_out, b_out, q_out, c_out, logits, align):  # pragma: no cover - compiled
+          w_out, s_out, b_out, q_out, c_out, logits, align, part, parts, flags, shared):  # pragma: no cover - compiled
     """Rows r0..r0+B-1 of the cache advance by one token each (tokens (B,)); logits (B, V) are written, `pos` moves
     on. Unless `align` is empty, the last layer's cross-attention weights averaged over heads are added into it
-    (B, S). Each row is computed on its own, so runs of rows may go to threads of their own (`FusedStep`). The
-    embedding table is float32, or int8 with a multiplier per row (`table_scale`; ones for float32)."""
+    (B, S). The embedding table is float32, or int8 with a multiplier per row (`table_scale`; ones for float32).
+
+    Each row is computed on its own, so runs of rows may go to threads of their own (`FusedStep`). A step may also
+    be cut in `parts` parts, one per thread, each calling this at once with its own `part` and the same `flags`
+    (int64 (parts,), zeros) and `shared` (float32, `shared_size`): every product is cut by output columns and every
+    attention by heads, the parts meeting after each (`_sync`); each output is computed as in the whole step."""
     B = tokens.shape[0]
     L, _, _, H, _, Dh = self_kv.shape
     D = H * Dh
-    x = np.empty((B, D), np.float32)
+    F = w_1.shape[1]
+    x = np.empty((B, D), np.float32)  # the stream (this part's own copy: the embeddings, post-norm's normed sums)
+    hn = np.empty((B, D), np.float32)  # the next product's input (this part's own copy)
     for r in range(B):
         for d in range(D):
             x[r, d] = np.float32(table[tokens[r], d]) * table_scale[tokens[r]] * emb_scale + positions[pos[r0 + r], d]
-    h, qkv, a, f, none, no_weights = _scratch(B, D, w_1.shape[1])
+    # written by column (or head) share, read whole after a meeting
+    qkv = shared[: B * 3 * D].reshape(B, 3 * D)
+    a = shared[B * 3 * D : B * 4 * D].reshape(B, D)
+    f = shared[B * 4 * D : B * (4 * D + F)].reshape(B, F)
+    q = shared[B * (4 * D + F) : B * (5 * D + F)].reshape(B, D)
+    sums = shared[B * (5 * D + F) : B * (7 * D + F)].reshape(2, B, D)  # residual sums, the two in turn
+    none = np.empty((0, 0), np.float32)
     lengths = np.empty(B, np.int64)
+    positions_now = np.empty(B, np.int64)
     for r in range(B):
         n = 0
         for s in range(src_mask.shape[1]):
             n += src_mask[r0 + r, s]
         lengths[r] = n
+        positions_now[r] = pos[r0 + r] + 1
+    D3 = _cols(3 * D, part, parts)
+    Dc = _cols(D, part, parts)
+    Fc = _cols(F, part, parts)
+    Vc = _cols(w_out.shape[0], part, parts)
+    met = 0
+    turn = 0
+    stream = x
+    if pre:
+        _norm(x, norm_w[0, 0], norm_b[0, 0], eps, hn)
+    else:
+        hn[:] = x
     for i in range(L):
         # self-attention: the new token's K/V go into the cache at each row's position
-        _qkv(x, h, norm_w[i, 0], norm_b[i, 0], eps, pre, w_qkv[i], s_qkv[i], b_qkv[i], q_qkv[i], c_qkv[i], none,
-             qkv)
-        for r in range(B):
-            t = pos[r0 + r]
-            for hh in range(H):
-                for d in range(Dh):
-                    self_kv[i, 0, r0 + r, hh, t, d] = qkv[r, D + hh * Dh + d]
-                    self_kv[i, 1, r0 + r, hh, t, d] = qkv[r, 2 * D + hh * Dh + d]
-            _attend(qkv[r, :D], self_kv[i, 0, r0 + r], self_kv[i, 1, r0 + r], t + 1, a[r], no_weights)
-        _product(a, w_o[i], s_o[i], b_o[i], q_o[i], c_o[i], 0, x, h)
-        _next(x, h, norm_w[i], norm_b[i], 0, eps, pre)
+        _product_cols(hn, w_qkv[i], s_qkv[i], b_qkv[i], q_qkv[i], c_qkv[i], 0, none, qkv, D3[0], D3[1])
+        met += 1
+        _sync(flags, part, parts, met)
+        _attend_units(qkv, self_kv, i, r0, positions_now, 1, a, none, part, parts)
+        met += 1
+        _sync(flags, part, parts, met)
+        y = sums[turn]
+        turn = 1 - turn
+        _product_cols(a, w_o[i], s_o[i], b_o[i], q_o[i], c_o[i], 0, stream, y, Dc[0], Dc[1])
+        met += 1
+        _sync(flags, part, parts, met)
+        stream = _then(y, x, hn, norm_w[i, 1 if pre else 0], norm_b[i, 1 if pre else 0], eps, pre)
         # cross-attention over each row's own source length
-        q = np.empty((B, D), np.float32)
-        _product(h, w_cq[i], s_cq[i], b_cq[i], q_cq[i], c_cq[i], 0, none, q)
+        _product_cols(hn, w_cq[i], s_cq[i], b_cq[i], q_cq[i], c_cq[i], 0, none, q, Dc[0], Dc[1])
+        met += 1
+        _sync(flags, part, parts, met)
+        _attend_units(q, cross_kv, i, r0, lengths, -1, a, align if i == L - 1 else none, part, parts)
+        met += 1
+        _sync(flags, part, parts, met)
+        y = sums[turn]
+        turn = 1 - turn
+        _product_cols(a, w_co[i], s_co[i], b_co[i], q_co[i], c_co[i], 0, stream, y, Dc[0], Dc[1])
+        met += 1
+        _sync(flags, part, parts, met)
+        stream = _then(y, x, hn, norm_w[i, 2 if pre else 1], norm_b[i, 2 if pre else 1], eps, pre)
+        # feed-forward
+        _product_cols(hn, w_1[i], s_1[i], b_1[i], q_1[i], c_1[i], act, none, f, Fc[0], Fc[1])
+        met += 1
+        _sync(flags, part, parts, met)
+        y = sums[turn]
+        turn = 1 - turn
+        _product_cols(f, w_2[i], s_2[i], b_2[i], q_2[i], c_2[i], 0, stream, y, Dc[0], Dc[1])
+        met += 1
+        _sync(flags, part, parts, met)
+        if i + 1 < L:
+            stream = _then(y, x, hn, norm_w[i + 1, 0] if pre else norm_w[i, 2], norm_b[i + 1, 0] if pre else
+                           norm_b[i, 2], eps, pre)
+        elif pre:
+            _norm(y, final_w, final_b, eps, hn)
+        else:
+            _norm(y, norm_w[i, 2], norm_b[i, 2], eps, hn)
+    _product_cols(hn, w_out, s_out, b_out, q_out, c_out, 0, none, logits, Vc[0], Vc[1])
+    if part == 0:
         for r in range(B):
-            weights = align[r] if i == L - 1 and align.shape[0] > 0 else no_weights
-            _attend(q[r], cross_kv[i, 0, r0 + r], cross_kv[i, 1, r0 + r], lengths[r], a[r], weights)
-        _product(a, w_co[i], s_co[i], b_co[i], q_co[i], c_co[i], 0, x, h)
-        _next(x, h, norm_w[i], norm_b[i], 1, eps, pre)
-        _feed_forward(x, h, f, w_1[i], s_1[i], b_1[i], q_1[i], c_1[i], w_2[i], s_2[i], b_2[i], q_2[i], c_2[i], act,
-                      norm_w[i, 2], norm_b[i, 2], eps, pre)
-    _last(x, h, final_w, final_b, eps, pre, w_out, s_out, b_out, q_out, c_out, logits)
-    for r in range(B):
-        pos[r0 + r] += 1
+            pos[r0 + r] += 1
+
+
+# The control block of the threads that take the other parts of steps (`step_worker`, model.fused_step.Helpers):
+# int64 slots, written by the thread that posts a step before it raises GO (release), read after (acquire).
+GO, STOP, PARTS, IDS, LOGITS, POS, MASK, SELF_KV, CROSS_KV, ROWS, MAX_SRC, MAX_TGT, HEADS, SHARED = range(14)
+HELPER_SLOTS = 16  # then per helper thread w = 1..: its first row, rows, part, and the last GO done
+R0, N, PART, DONE = range(4)
+PER_HELPER = 4
+_sched_yield = types.ExternalFunction("sched_yield", types.int32())
+
+
+@intrinsic
+def _pointer(typingctx, address, like):  # type: ignore[no-untyped-def]  # pragma: no cover - compiled
+    """An address (int64) as a pointer to like's dtype, for `numba.carray`."""
+    pointer = types.CPointer(like.dtype)  # type: ignore[no-untyped-call]
+
+    def codegen(context, builder, signature, args):  # type: ignore[no-untyped-def]
+        return builder.inttoptr(args[0], context.get_value_type(pointer))
+    return pointer(address, like), codegen
+
+
+@njit(nogil=True, cache=True)
+def post(control):  # type: ignore[no-untyped-def]  # pragma: no cover - compiled
+    """Raise GO (release): what was written into control is the helpers' to take. Returns the new GO."""
+    go = control[GO] + 1
+    _flag_store(control, GO, go)  # type: ignore[call-arg]
+    return go
+
+
+@njit(nogil=True, cache=True)
+def post_step(control, helpers, runs, ids, logits, pos, mask, self_kv, cross_kv, shared):  # type: ignore[no-untyped-def]  # noqa: E501  # pragma: no cover
+    """Write a step of ids.shape[0] rows into control for the helpers and post it: runs 1, a step cut in
+    helpers + 1 parts over the same rows (each helper its part); else `runs` runs of rows, the caller's the first,
+    helper w's the (w + 1)-th (none past the last), each with its rows' share of `shared`. Returns the new GO."""
+    B = ids.shape[0]
+    control[IDS], control[LOGITS], control[SHARED] = ids.ctypes.data, logits.ctypes.data, shared.ctypes.data
+    control[POS], control[MASK] = pos.ctypes.data, mask.ctypes.data
+    control[SELF_KV], control[CROSS_KV] = self_kv.ctypes.data, cross_kv.ctypes.data
+    control[ROWS], control[MAX_SRC], control[MAX_TGT], control[HEADS] = (self_kv.shape[2], cross_kv.shape[4],
+                                                                          self_kv.shape[4], self_kv.shape[3])
+    control[PARTS] = helpers + 1 if runs == 1 else 1
+    for w in range(1, helpers + 1):
+        at = HELPER_SLOTS + PER_HELPER * (w - 1)
+        if runs == 1:
+            control[at + R0], control[at + N], control[at + PART] = 0, B, w
+        else:
+            lo, hi = min(B, B * w // runs), min(B, B * (w + 1) // runs) if w < runs else B
+            control[at + R0], control[at + N], control[at + PART] = lo, hi - lo, 0
+    return post(control)
+
+
+@njit(nogil=True, cache=True)
+def wait_done(control, helpers, go):  # type: ignore[no-untyped-def]  # pragma: no cover - compiled
+    """Spin until every helper has finished step `go`."""
+    for w in range(1, helpers + 1):
+        while _flag_load(control, HELPER_SLOTS + PER_HELPER * (w - 1) + DONE) < go:  # type: ignore[call-arg]
+            _pause()
+
+
+@njit(nogil=True, cache=True)
+def step_worker(control, w, rounds, flags, args):  # type: ignore[no-untyped-def]  # pragma: no cover - compiled
+    """Helper thread w's loop: take its share of every step posted in control (`post`), `step` with the weights
+    and settings `args`, and mark it done; between steps, wait spinning, giving the core up at once to any other
+    runnable thread (`sched_yield`), for `rounds` rounds of about 2-5 us. Returns 0 when that time ran out with no
+    step posted, 1 when told to stop."""
+    at = HELPER_SLOTS + PER_HELPER * (w - 1)
+    f32, i64 = np.empty(0, np.float32), np.empty(0, np.int64)
+    b8 = np.empty(0, np.bool_)
+    seen = control[at + DONE]
+    waited = 0
+    while True:
+        go = _flag_load(control, GO)  # type: ignore[call-arg, var-annotated]
+        if go == seen:
+            waited += 1
+            if waited > rounds:
+                return 0
+            for _ in range(32):
+                _pause()
+            _sched_yield()
+            continue
+        waited = 0
+        seen = go
+        if control[STOP] != 0:
+            _flag_store(control, at + DONE, go)
+            return 1
+        rows, S, T, H = control[ROWS], control[MAX_SRC], control[MAX_TGT], control[HEADS]
+        L, D, F, V = args[4].shape[0], args[0].shape[1], args[31].shape[1], args[41].shape[0]  # (FusedStep._args)
+        r0, n = control[at + R0], control[at + N]
+        ids = carray(_pointer(control[IDS] + 8 * r0, i64), (n,))
+        logits = carray(_pointer(control[LOGITS] + 4 * V * r0, f32), (n, V))
+        pos = carray(_pointer(control[POS], i64), (rows,))
+        mask = carray(_pointer(control[MASK], b8), (rows, S))
+        self_kv = carray(_pointer(control[SELF_KV], f32), (L, 2, rows, H, T, D // H))
+        cross_kv = carray(_pointer(control[CROSS_KV], f32), (L, 2, rows, H, S, D // H))
+        parts = control[PARTS]
+        shared = carray(_pointer(control[SHARED] + 4 * (shared_size(r0, D, F) if parts == 1 else 0), f32),
+                        (shared_size(n, D, F),))
+        step(ids, r0, pos, mask, self_kv, cross_kv, *args, logits, np.empty((0, 0), np.float32), control[at + PART],
+             parts, flags, shared)
+        _flag_store(control, at + DONE, go)
+
+
+@njit(nogil=True, cache=True)
+def shared_size(rows: int, d_model: int, d_ff: int) -> int:  # pragma: no cover - compiled
+    """The float32 elements of `step`'s `shared` for this many rows."""
+    return rows * (7 * d_model + d_ff)
 
 
 @njit(fastmath=FAST, nogil=True, cache=True)
 def encode(x, starts, ns, H, norm_w, norm_b, eps, pre, final_w, final_b, act,  # type: ignore[no-untyped-def]
             w_qkv, s_qkv, b_qkv, q_qkv, c_qkv, w_o, s_o, b_o, q_o, c_o, w_1, s_1, b_1, q_1, c_1,
-            w_2, s_2, b_2, q_2, c_2, w_kv, s_kv, b_kv, q_kv, c_kv, kv):  # pragma: no cover - compiled
+            w_2, s_2, b_2, q_2, c_2, w_kv, s_kv, b_kv, q_kv, c_kv, kv, part, parts, flags, shared):  # pragma: no cover
     """x (N, D): the embedded tokens of sentences b = 0.. at rows starts[b]..starts[b] + ns[b] - 1. Every encoder
-    layer, the final norm (pre-norm) and the cross-attention K/V product into kv (N, L * 2 * D). x is overwritten."""
+    layer, the final norm (pre-norm) and the cross-attention K/V product into kv (N, L * 2 * D). In one part, x is
+    overwritten. Cut in `parts` parts as `step` is (products by outputs, attention by heads of sentences; `shared`
+    float32 of `encoder_shared_size`), each output computed as in one part."""
     N, D = x.shape
-    h, qkv, a, f, none, _ = _scratch(N, D, w_1.shape[1])
-    for i in range(w_qkv.shape[0]):
-        _qkv(x, h, norm_w[i, 0], norm_b[i, 0], eps, pre, w_qkv[i], s_qkv[i], b_qkv[i], q_qkv[i], c_qkv[i], none,
-             qkv)
-        attend_packed(qkv, starts, ns, H, a)
-        _product(a, w_o[i], s_o[i], b_o[i], q_o[i], c_o[i], 0, x, h)
-        _next(x, h, norm_w[i], norm_b[i], 0, eps, pre)
-        _feed_forward(x, h, f, w_1[i], s_1[i], b_1[i], q_1[i], c_1[i], w_2[i], s_2[i], b_2[i], q_2[i], c_2[i], act,
-                      norm_w[i, 1], norm_b[i, 1], eps, pre)
-    _last(x, h, final_w, final_b, eps, pre, w_kv, s_kv, b_kv, q_kv, c_kv, kv)
+    F = w_1.shape[1]
+    L = w_qkv.shape[0]
+    if parts > 1:
+        x = x.copy()  # the stream, each part's own
+    hn = np.empty((N, D), np.float32)
+    qkv = shared[: N * 3 * D].reshape(N, 3 * D)
+    a = shared[N * 3 * D : N * 4 * D].reshape(N, D)
+    f = shared[N * 4 * D : N * (4 * D + F)].reshape(N, F)
+    sums = shared[N * (4 * D + F) : N * (6 * D + F)].reshape(2, N, D)
+    none = np.empty((0, 0), np.float32)
+    D3, Dc, Fc = _cols(3 * D, part, parts), _cols(D, part, parts), _cols(F, part, parts)
+    KV = _cols(w_kv.shape[0], part, parts)
+    units = _units(starts.shape[0] * H, part, parts)
+    met = 0
+    turn = 0
+    stream = x
+    if pre:
+        _norm(x, norm_w[0, 0], norm_b[0, 0], eps, hn)
+    else:
+        hn[:] = x
+    for i in range(L):
+        _product_cols(hn, w_qkv[i], s_qkv[i], b_qkv[i], q_qkv[i], c_qkv[i], 0, none, qkv, D3[0], D3[1])
+        met += 1
+        _sync(flags, part, parts, met)
+        _attend_packed_units(qkv, starts, ns, H, a, units[0], units[1])
+        met += 1
+        _sync(flags, part, parts, met)
+        y = sums[turn]
+        turn = 1 - turn
+        _product_cols(a, w_o[i], s_o[i], b_o[i], q_o[i], c_o[i], 0, stream, y, Dc[0], Dc[1])
+        met += 1
+        _sync(flags, part, parts, met)
+        stream = _then(y, x, hn, norm_w[i, 1 if pre else 0], norm_b[i, 1 if pre else 0], eps, pre)
+        _product_cols(hn, w_1[i], s_1[i], b_1[i], q_1[i], c_1[i], act, none, f, Fc[0], Fc[1])
+        met += 1
+        _sync(flags, part, parts, met)
+        y = sums[turn]
+        turn = 1 - turn
+        _product_cols(f, w_2[i], s_2[i], b_2[i], q_2[i], c_2[i], 0, stream, y, Dc[0], Dc[1])
+        met += 1
+        _sync(flags, part, parts, met)
+        if i + 1 < L:
+            stream = _then(y, x, hn, norm_w[i + 1, 0] if pre else norm_w[i, 1], norm_b[i + 1, 0] if pre else
+                           norm_b[i, 1], eps, pre)
+        elif pre:
+            _norm(y, final_w, final_b, eps, hn)
+        else:
+            _norm(y, norm_w[i, 1], norm_b[i, 1], eps, hn)
+    _product_cols(hn, w_kv, s_kv, b_kv, q_kv, c_kv, 0, none, kv, KV[0], KV[1])
+
+
+def encoder_shared_size(tokens: int, d_model: int, d_ff: int) -> int:
+    """The float32 elements of `encode`'s `shared` for this many tokens."""
+    return tokens * (6 * d_model + d_ff)
 
 
 @njit(nogil=True, cache=True)

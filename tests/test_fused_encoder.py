@@ -96,6 +96,31 @@ def test_an_admission_cut_over_threads_encodes_bit_for_bit_as_one(dtype: str, ta
     assert torch.equal(alone, whole[4])
 
 
+@pytest.mark.parametrize(("dtype", "norm"), [("float32", "pre"), ("float32", "post"), ("int8", "pre")])
+def test_an_admission_in_parts_of_every_product_encodes_bit_for_bit_as_one(dtype: str, norm: str, taken: list[int],
+                                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    """A small admission on two threads is cut into two parts of every product and attention (by heads of
+    sentences), run at once: the same numbers as in one part."""
+    fused, _ = nets(dtype, norm=norm, activation="relu")
+    encoder = fused.fused_encoder
+    assert encoder is not None
+    encoder.max_tokens = 64
+    sources = [*SHORT, LONG[0]]
+    threads = torch.get_num_threads()
+    results, seen = [], []
+    original = encoder._encode
+    monkeypatch.setattr(encoder, "_encode", lambda *a: seen.append(a[3:5]) or original(*a))
+    try:
+        for n in (1, 2):
+            torch.set_num_threads(n)
+            results.append(encode(fused, sources))
+    finally:
+        torch.set_num_threads(threads)
+    assert sorted(seen) == [(), (0, 2), (1, 2)]  # one part, then two
+    for a, b in zip(*results, strict=True):
+        assert torch.equal(a, b)
+
+
 def test_split_cuts_runs_of_about_as_many_tokens() -> None:
     assert fused_encoder.split([5, 5, 5, 5], 2) == [(0, [5, 5]), (10, [5, 5])]
     assert fused_encoder.split([3, 20, 4, 4, 4], 2) == [(0, [3, 20]), (23, [4, 4, 4])]

@@ -18,7 +18,7 @@ from model.decode import DecodeBatch  # noqa: E402
 from model.frozen import FrozenTransformer, freeze  # noqa: E402
 from model.fused_step import FusedStep, _weights  # noqa: E402
 from model.generation import GenerationConfig  # noqa: E402
-from model.kernels import INT8_DOT, _product, _rows1, _rows2, weight_sums  # noqa: E402
+from model.kernels import GO, HELPER_SLOTS, INT8_DOT, _product, _rows1, _rows2, weight_sums  # noqa: E402
 from model.projection import Projection  # noqa: E402
 from model.search import generate  # noqa: E402
 from tests.test_int8_ranges import quantized  # noqa: E402
@@ -95,8 +95,11 @@ def test_an_int8_row_is_the_same_alone_and_in_any_batch() -> None:
 
 @pytest.mark.parametrize("dtype", ["float32", "int8", "rows8"])
 def test_a_step_cut_over_threads_equals_the_step_in_one_run(dtype: str, monkeypatch: pytest.MonkeyPatch) -> None:
-    """A step of 7 rows on two threads runs rows 0-2 and 3-6 at once (`split_min_rows` 3); rows pair up differently
-    in the float32 products than in one run. Logits and cache bit for bit equal, step after step."""
+    """A step of 7 rows on two threads, run three ways: in one run; in two runs of rows at once, rows 0-2 and 3-6
+    (`split_min_rows` 3; rows pair up differently in the float32 products than in one run); in two parts of every
+    product and attention (`parts_max_rows`), the second on a helper thread, or on the pool's when alignment is
+    asked for. Logits, alignment weights and cache bit for bit equal, step after step; the helper's control block
+    shows the cut it was given."""
     if dtype == "rows8":
         net = freeze(tiny_model(tiny_config()), rows8=True)
     else:
@@ -107,26 +110,56 @@ def test_a_step_cut_over_threads_equals_the_step_in_one_run(dtype: str, monkeypa
     threads = torch.get_num_threads()
     torch.set_num_threads(2)
     try:
-        runs = []
-        for split in (3, 10**6):
-            monkeypatch.setattr(fused, "split_min_rows", split)
-            calls = []
-            monkeypatch.setattr(fused, "_run", lambda *a, run=fused._run, calls=calls: calls.append(a[-2:]) or run(*a))
-            batch = DecodeBatch(net, 8, 12, 16)
-            config = GenerationConfig(max_new_tokens=16, min_new_tokens=16)
-            out = []
-            with torch.inference_mode():
-                batch.admit([((0, i), s, config) for i, s in enumerate(sources)])
-                for _ in range(5):
-                    logits, _ = batch.forward()
-                    out.append(logits.clone())
-                    batch.record(logits.argmax(-1))
-                out.append(batch.cache.self_kv[:, :, :7, :, :5].clone())
-            runs.append(out)
-            assert set(calls) == ({(0, 3), (3, 7)} if split == 3 else {(0, 7)})
+        for alignment in (False, True):
+            runs = []
+            for split, parts in ((10**6, 0), (3, 0), (10**6, 7)):
+                monkeypatch.setattr(fused, "split_min_rows", split)
+                monkeypatch.setattr(fused, "parts_max_rows", parts)
+                batch = DecodeBatch(net, 8, 12, 16)
+                config = GenerationConfig(max_new_tokens=16, min_new_tokens=16, alignment=alignment)
+                out = []
+                posted = fused.hot.control[GO] if fused.hot is not None else 0
+                with torch.inference_mode():
+                    batch.admit([((0, i), s, config) for i, s in enumerate(sources)])
+                    for _ in range(5):
+                        logits, align = batch.forward()
+                        out += [logits.clone()] + ([align] if alignment else [])
+                        batch.record(logits.argmax(-1))
+                    out.append(batch.cache.self_kv[:, :, :7, :, :5].clone())
+                runs.append(out)
+                helped = fused.hot.control[GO] - posted if fused.hot is not None else 0
+                assert helped == (5 if (split, alignment) == (3, False) or parts and not alignment else 0)
+                if helped:  # the helper's share: rows 3-6 in one part, or part 1 of 2 of all 7 rows
+                    at = HELPER_SLOTS
+                    assert list(fused.hot.control[at:at + 3]) == ([3, 4, 0] if split == 3 else [0, 7, 1])
+            assert all(torch.equal(a, b) for a, b in zip(runs[0], runs[1], strict=True))
+            assert all(torch.equal(a, b) for a, b in zip(runs[0], runs[2], strict=True))
+            if alignment:  # the weights were written: tokens look at other source positions than the first
+                assert any(bool(a.any()) for a in runs[2][1:-1:2])
     finally:
         torch.set_num_threads(threads)
-    assert all(torch.equal(a, b) for a, b in zip(*runs, strict=True))
+
+
+def test_a_one_row_step_in_parts_equals_it_in_one_run(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Greedy decoding one sentence at a time on two threads, the step's products and attention cut in two parts:
+    the same tokens and scores as in one run."""
+    fused_net = nets("float32", norm="post", activation="gelu")[0]
+    fused = fused_net.fused
+    assert fused is not None
+    config = GenerationConfig(max_new_tokens=12, scores=True)
+    threads = torch.get_num_threads()
+    results = []
+    try:
+        for parts in (0, 7):
+            monkeypatch.setattr(fused, "parts_max_rows", parts)
+            torch.set_num_threads(2)
+            with torch.inference_mode():
+                results.append([(h[0].tokens, h[0].score) for s in SOURCES
+                                for h in generate(fused_net, [s], config, max_rows=1)])
+    finally:
+        torch.set_num_threads(threads)
+    assert fused.hot is not None and fused.hot.control[GO] > 0
+    assert results[0] == results[1]
 
 
 @pytest.mark.parametrize(("inputs", "terms"), [(64, 48), (1024, 256)])
@@ -165,7 +198,8 @@ def test_int8_byte_products_give_the_exact_sums_of_the_float_way(rows: int, inpu
         _product(x, w, scale, bias, quant, weight_sums(w), 1, np.empty((0, 0), np.float32), y)
         q = np.clip(np.round(x * quant[0]) + zero_point, 0, 255).astype(np.float32) - zero_point
         expected = np.empty_like(y)
-        (_rows1 if rows == 1 else _rows2)(q, w, scale, bias, quant[1], 1, expected)  # ReLU, as act=1 above
+        # ReLU, as act=1 above
+        (_rows1 if rows == 1 else _rows2)(q, w, scale, bias, quant[1], 1, expected, 0, w.shape[0])
         assert np.abs(y - expected).max() <= 1e-6 * np.abs(expected).max()
 
 

@@ -66,7 +66,7 @@ def test_byte_products_of_7_bit_inputs_are_exact() -> None:
     xq[0], w[0], w[1] = 127, 127, -127  # the largest pairs of products: 2 * 127 * 127, still within int16
     avx2, plain = np.empty((7, 13), np.int32), np.empty((7, 13), np.int32)
     _byte_dots(xq, w, avx2)
-    _int_dots(xq, w, plain)
+    _int_dots(xq, w, plain, 0, w.shape[0])
     assert np.array_equal(avx2, plain)
     assert np.array_equal(plain, xq.astype(np.int64) @ w.astype(np.int64).T)
 
