@@ -31,7 +31,7 @@ from torch import Tensor
 from torch.ao.nn.quantized.dynamic import Linear as QuantizedLinear
 
 from model.fused_step import MAX_WEIGHT_BYTES, _weights, at_once, input_ranges
-from model.kernels import ACTIVATIONS, INT8_DOT, encoder_shared_size, weight_sums
+from model.kernels import ACTIVATIONS, INT8_DOT, encode_parts, encoder_shared_size, weight_sums
 from model.kernels import encode as _encode
 
 if TYPE_CHECKING:
@@ -117,8 +117,10 @@ class FusedEncoder:
         off = {name: np.zeros((L, 4), np.float32) for name in PRODUCTS} | {"kv": np.zeros(4, np.float32)}
         D = self.net.cfg.d_model
         _encode(np.zeros((1, D), np.float32), np.zeros(1, np.int64), np.ones(1, np.int64),  # type: ignore[call-arg]
-                *self._args(off), np.empty((1, self.arrays["w_kv"].shape[0]), np.float32), 0, 1,
-                np.zeros(2, np.int64), self._shared(1))
+                *self._args(off), np.empty((1, self.arrays["w_kv"].shape[0]), np.float32))
+        encode_parts(np.zeros((1, D), np.float32), np.zeros(1, np.int64), np.ones(1, np.int64),  # type: ignore[call-arg]
+                     *self._args(off), np.empty((1, self.arrays["w_kv"].shape[0]), np.float32), 0, 1,
+                     np.zeros(2, np.int64), self._shared(1))
 
     def changed(self) -> None:
         """Input ranges or calibration state changed: read them again before the next encoding."""
@@ -158,8 +160,10 @@ class FusedEncoder:
         starts = np.concatenate([[0], np.cumsum(ns)[:-1]]).astype(np.int64)
         rows = slice(first, first + int(ns.sum()))
         if shared is None:
-            flags, shared = np.zeros(2, np.int64), self._shared(int(ns.sum()))
-        _encode(x[rows], starts, ns, *self.args, out[rows], part, parts, flags, shared)  # type: ignore[call-arg, misc]
+            _encode(x[rows], starts, ns, *self.args, out[rows])  # type: ignore[call-arg, misc]
+        else:
+            encode_parts(x[rows], starts, ns, *self.args, out[rows], part, parts, flags,  # type: ignore[call-arg, misc]
+                         shared)
 
     def _shared(self, tokens: int) -> np.ndarray:
         cfg = self.net.cfg

@@ -6,11 +6,14 @@ layer's norms, products, attention over each row's own length, the output projec
 the cache buffers, so a step costs its arithmetic and the reading of its weights. Its pieces, and how products are
 computed, are in model/kernels.py.
 
-Rows are computed one by one with the same order of operations whatever the batch, so a row's numbers are its own,
-and a step of many rows is cut into runs of rows, one per torch thread, run at once. Used for up to
-`FusedStep.max_rows` rows per torch thread, where it is faster than the operator-by-operator step; calibration keeps
-that step (`FrozenTransformer.decode_step`). The runs need the other cores idle: torch's OpenMP threads spin after
-each parallel operator for as long as libgomp's GOMP_SPINCOUNT says (model/__init__.py lowers its default).
+Rows are computed one by one with the same order of operations whatever the batch, so a row's numbers are its own.
+With more than one torch thread a step is cut, one share per thread, run at once: a step of many int8 rows into runs
+of rows; a float32 step, or one of few int8 rows, into parts of every product (by outputs) and attention (by heads),
+where each thread reads its share of the weights alone. Either way each output is computed as in one run. The other
+shares go to helper threads that wait for steps spinning (`Helpers`). Used for up to `FusedStep.max_rows` rows per
+torch thread, where it is faster than the operator-by-operator step; calibration keeps that step
+(`FrozenTransformer.decode_step`). The shares need the other cores idle: torch's OpenMP threads spin after each
+parallel operator for as long as libgomp's GOMP_SPINCOUNT says (model/__init__.py lowers its default).
 """
 
 from __future__ import annotations
@@ -42,6 +45,7 @@ from model.kernels import (
     post_step,
     quantize_rows,
     shared_size,
+    step_parts,
     step_worker,
     wait_done,
     weight_sums,
@@ -309,7 +313,11 @@ class FusedStep:
         _step(np.zeros(1, np.int64), 0, np.zeros(1, np.int64), np.ones((1, 1), np.bool_),  # type: ignore[call-arg]
               np.zeros((L, 2, 1, H, 2, Dh), np.float32), np.zeros((L, 2, 1, H, 1, Dh), np.float32),
               *self._args(off, np.float32(1.0)), np.empty((1, a["w_out"].shape[0]), np.float32),
-              np.zeros((1, 1), np.float32), 0, 1, np.zeros(1, np.int64), self._shared(1))
+              np.zeros((1, 1), np.float32))
+        step_parts(np.zeros(1, np.int64), 0, np.zeros(1, np.int64), np.ones((1, 1), np.bool_),  # type: ignore[call-arg]
+                   np.zeros((L, 2, 1, H, 2, Dh), np.float32), np.zeros((L, 2, 1, H, 1, Dh), np.float32),
+                   *self._args(off, np.float32(1.0)), np.empty((1, a["w_out"].shape[0]), np.float32),
+                   np.zeros((1, 1), np.float32), 0, 1, np.zeros(2, np.int64), self._shared(1))
 
     def changed(self) -> None:
         """The products' input ranges or calibration state changed: read them again before the next step."""
@@ -372,8 +380,12 @@ class FusedStep:
     def _run(self, ids: np.ndarray, views: tuple[np.ndarray, ...], logits: np.ndarray, align: np.ndarray, lo: int,
              hi: int, parts: int, flags: np.ndarray, shared: np.ndarray, part: int = 0) -> None:
         """Rows lo..hi-1 of the step, or part `part` of `parts` of it."""
-        _step(ids[lo:hi], lo, *views, *self.args, logits[lo:hi],  # type: ignore[call-arg, misc]
-              align[lo:hi] if align.shape[0] else align, part, parts, flags, shared)
+        rows = align[lo:hi] if align.shape[0] else align
+        if parts == 1:
+            _step(ids[lo:hi], lo, *views, *self.args, logits[lo:hi], rows)  # type: ignore[call-arg, misc]
+        else:
+            step_parts(ids[lo:hi], lo, *views, *self.args, logits[lo:hi], rows,  # type: ignore[call-arg, misc]
+                       part, parts, flags, shared)
 
     def _helpers(self, threads: int) -> Helpers:
         """The helper threads for this many torch threads and the current weights and settings."""

@@ -17,8 +17,12 @@ Products are the same as the frozen network's:
   its own largest value, exact sums (`_rows_own`), bit for bit as `Rows8` computes them through fbgemm.
 
 The compiled functions themselves are in this one file; the IR of the byte products (`_emit_dots`) too, for the
-same reason. Everything runs on the calling thread. (Products cut over threads with numba's parallel=True were tried and
-removed: cached functions that call parallel ones can crash when loaded from numba's cache; docs/benchmarks.md.)
+same reason. Each call runs on its calling thread. A step or an encoding may be cut in parts, one call per thread at
+once: each computes its share of every product's outputs and of the attention's heads, and the parts meet after each
+(`_sync`: spinning on int64 flags, stored with release and loaded with acquire through LLVM's atomics). Helper threads
+take their parts of steps from a control block of addresses and sizes (`step_worker`), so that no step waits for a
+sleeping thread to wake. (Products cut over threads with numba's parallel=True were tried and removed: cached
+functions that call parallel ones can crash when loaded from numba's cache; docs/benchmarks.md.)
 """
 
 from __future__ import annotations
@@ -461,6 +465,52 @@ def _norm(x, w, b, eps, out):  # type: ignore[no-untyped-def]  # pragma: no cove
 
 
 @njit(fastmath=FAST, nogil=True, cache=True)
+def _qkv(x, h, norm_w, norm_b, eps, pre, w, s, b, q, c, none, qkv):  # type: ignore[no-untyped-def]  # pragma: no cover
+    """A layer's self-attention Q, K and V of x into qkv, through the sublayer's norm first when pre-norm (into h).
+    Shared by the step and the encoder (model/fused_encoder.py)."""
+    if pre:
+        _norm(x, norm_w, norm_b, eps, h)
+        _product(h, w, s, b, q, c, 0, none, qkv)
+    else:
+        _product(x, w, s, b, q, c, 0, none, qkv)
+
+
+@njit(fastmath=FAST, nogil=True, cache=True)
+def _next(x, h, norm_w, norm_b, j, eps, pre):  # type: ignore[no-untyped-def]  # pragma: no cover - compiled
+    """h holds sublayer j's residual sum: x becomes the stream and h the input of sublayer j + 1 (pre-norm: the
+    stream normalised by norm j + 1; post-norm: the sum normalised by norm j, which is also the stream)."""
+    if pre:
+        x[:] = h
+        _norm(x, norm_w[j + 1], norm_b[j + 1], eps, h)
+    else:
+        _norm(h, norm_w[j], norm_b[j], eps, x)
+        h[:] = x
+
+
+@njit(fastmath=FAST, nogil=True, cache=True)
+def _feed_forward(x, h, f, w_1, s_1, b_1, q_1, c_1, w_2, s_2, b_2, q_2, c_2, act, norm_w, norm_b, eps,  # type: ignore[no-untyped-def]
+                  pre):  # pragma: no cover - compiled
+    """The feed-forward sublayer of the rows: h holds its input, x the stream, f (B, F) is scratch. x becomes the
+    stream after it (post-norm: the residual sum normalised by norm_w, norm_b)."""
+    _product(h, w_1, s_1, b_1, q_1, c_1, act, np.empty((0, 0), np.float32), f)
+    _product(f, w_2, s_2, b_2, q_2, c_2, 0, x, h)
+    if pre:
+        x[:] = h
+    else:
+        _norm(h, norm_w, norm_b, eps, x)
+
+
+@njit(fastmath=FAST, nogil=True, cache=True)
+def _last(x, h, final_w, final_b, eps, pre, w, s, b, q, c, out):  # type: ignore[no-untyped-def]  # pragma: no cover
+    """The stack's output product of the stream x: after the final norm (pre-norm, into h), or of x itself."""
+    if pre:
+        _norm(x, final_w, final_b, eps, h)
+        _product(h, w, s, b, q, c, 0, np.empty((0, 0), np.float32), out)
+    else:
+        _product(x, w, s, b, q, c, 0, np.empty((0, 0), np.float32), out)
+
+
+@njit(fastmath=FAST, nogil=True, cache=True)
 def _attend(q, k, v, n, out, weights):  # type: ignore[no-untyped-def]  # pragma: no cover - compiled
     """One query q (H * Dh,) over the first n keys and values k, v (H, T, Dh) into out (H * Dh,); the attention
     weights averaged over heads are added into `weights` (T,) unless it is empty."""
@@ -469,7 +519,9 @@ def _attend(q, k, v, n, out, weights):  # type: ignore[no-untyped-def]  # pragma
 
 @njit(fastmath=FAST, nogil=True, cache=True)
 def _attend_heads(q, k, v, n, out, weights, h0, h1):  # type: ignore[no-untyped-def]  # pragma: no cover - compiled
-    """`_attend`'s heads h0..h1-1 alone, each computed as in the whole (`weights` gets their share)."""
+    """`_attend`'s heads h0..h1-1 alone, each computed as in the whole (`weights` gets their share). Its scratch is
+    its own: passed in, the compiler could not tell it apart from the outputs and left the loops scalar (the
+    encoder's attention took about 1.2x as long, ad hoc)."""
     H, _, Dh = k.shape
     scale = np.float32(1.0 / math.sqrt(Dh))
     p = np.empty(n, np.float32)
@@ -528,7 +580,20 @@ def attend_packed(qkv, starts, ns, H, out):  # type: ignore[no-untyped-def]  # p
     The encoder's attention (`encode`, and the operator-by-operator encoder on the CPU): no padding, no mask, and a
     sentence's numbers never depend on what it is batched with. Against padding the batch and SDPA with a mask:
     `bench/encoder_attention.py`."""
-    _attend_packed_units(qkv, starts, ns, H, out, 0, starts.shape[0] * H)
+    D = qkv.shape[1] // 3
+    Dh = D // H
+    none = np.empty(0, np.float32)
+    for b in range(starts.shape[0]):
+        s0, n = starts[b], ns[b]
+        k = np.empty((H, n, Dh), np.float32)
+        v = np.empty((H, n, Dh), np.float32)
+        for t in range(n):
+            for hh in range(H):
+                for d in range(Dh):
+                    k[hh, t, d] = qkv[s0 + t, D + hh * Dh + d]
+                    v[hh, t, d] = qkv[s0 + t, 2 * D + hh * Dh + d]
+        for t in range(n):
+            _attend(qkv[s0 + t, :D], k, v, n, out[s0 + t], none)
 
 
 @njit(fastmath=FAST, nogil=True, cache=True)
@@ -628,15 +693,65 @@ def step(tokens, r0, pos, src_mask, self_kv, cross_kv, table, table_scale, posit
           norm_w, norm_b, eps, pre, final_w, final_b, act,
           w_qkv, s_qkv, b_qkv, q_qkv, c_qkv, w_o, s_o, b_o, q_o, c_o, w_cq, s_cq, b_cq, q_cq, c_cq,
           w_co, s_co, b_co, q_co, c_co, w_1, s_1, b_1, q_1, c_1, w_2, s_2, b_2, q_2, c_2,
-          w_out, s_out, b_out, q_out, c_out, logits, align, part, parts, flags, shared):  # pragma: no cover - compiled
+          w_out, s_out, b_out, q_out, c_out, logits, align):  # pragma: no cover - compiled
     """Rows r0..r0+B-1 of the cache advance by one token each (tokens (B,)); logits (B, V) are written, `pos` moves
     on. Unless `align` is empty, the last layer's cross-attention weights averaged over heads are added into it
-    (B, S). The embedding table is float32, or int8 with a multiplier per row (`table_scale`; ones for float32).
+    (B, S). Each row is computed on its own, so runs of rows may go to threads of their own (`FusedStep`). The
+    embedding table is float32, or int8 with a multiplier per row (`table_scale`; ones for float32). `step_parts`
+    computes the same step cut in parts over threads."""
+    B = tokens.shape[0]
+    L, _, _, H, _, Dh = self_kv.shape
+    D = H * Dh
+    x = np.empty((B, D), np.float32)
+    for r in range(B):
+        for d in range(D):
+            x[r, d] = np.float32(table[tokens[r], d]) * table_scale[tokens[r]] * emb_scale + positions[pos[r0 + r], d]
+    h, qkv, a, f, none, no_weights = _scratch(B, D, w_1.shape[1])
+    lengths = np.empty(B, np.int64)
+    for r in range(B):
+        n = 0
+        for s in range(src_mask.shape[1]):
+            n += src_mask[r0 + r, s]
+        lengths[r] = n
+    for i in range(L):
+        # self-attention: the new token's K/V go into the cache at each row's position
+        _qkv(x, h, norm_w[i, 0], norm_b[i, 0], eps, pre, w_qkv[i], s_qkv[i], b_qkv[i], q_qkv[i], c_qkv[i], none,
+             qkv)
+        for r in range(B):
+            t = pos[r0 + r]
+            for hh in range(H):
+                for d in range(Dh):
+                    self_kv[i, 0, r0 + r, hh, t, d] = qkv[r, D + hh * Dh + d]
+                    self_kv[i, 1, r0 + r, hh, t, d] = qkv[r, 2 * D + hh * Dh + d]
+            _attend(qkv[r, :D], self_kv[i, 0, r0 + r], self_kv[i, 1, r0 + r], t + 1, a[r], no_weights)
+        _product(a, w_o[i], s_o[i], b_o[i], q_o[i], c_o[i], 0, x, h)
+        _next(x, h, norm_w[i], norm_b[i], 0, eps, pre)
+        # cross-attention over each row's own source length
+        q = np.empty((B, D), np.float32)
+        _product(h, w_cq[i], s_cq[i], b_cq[i], q_cq[i], c_cq[i], 0, none, q)
+        for r in range(B):
+            weights = align[r] if i == L - 1 and align.shape[0] > 0 else no_weights
+            _attend(q[r], cross_kv[i, 0, r0 + r], cross_kv[i, 1, r0 + r], lengths[r], a[r], weights)
+        _product(a, w_co[i], s_co[i], b_co[i], q_co[i], c_co[i], 0, x, h)
+        _next(x, h, norm_w[i], norm_b[i], 1, eps, pre)
+        _feed_forward(x, h, f, w_1[i], s_1[i], b_1[i], q_1[i], c_1[i], w_2[i], s_2[i], b_2[i], q_2[i], c_2[i], act,
+                      norm_w[i, 2], norm_b[i, 2], eps, pre)
+    _last(x, h, final_w, final_b, eps, pre, w_out, s_out, b_out, q_out, c_out, logits)
+    for r in range(B):
+        pos[r0 + r] += 1
 
-    Each row is computed on its own, so runs of rows may go to threads of their own (`FusedStep`). A step may also
-    be cut in `parts` parts, one per thread, each calling this at once with its own `part` and the same `flags`
-    (int64 (parts,), zeros) and `shared` (float32, `shared_size`): every product is cut by output columns and every
-    attention by heads, the parts meeting after each (`_sync`); each output is computed as in the whole step."""
+
+@njit(fastmath=FAST, nogil=True, cache=True)
+def step_parts(tokens, r0, pos, src_mask, self_kv, cross_kv, table, table_scale, positions,  # type: ignore[no-untyped-def]
+          emb_scale,
+          norm_w, norm_b, eps, pre, final_w, final_b, act,
+          w_qkv, s_qkv, b_qkv, q_qkv, c_qkv, w_o, s_o, b_o, q_o, c_o, w_cq, s_cq, b_cq, q_cq, c_cq,
+          w_co, s_co, b_co, q_co, c_co, w_1, s_1, b_1, q_1, c_1, w_2, s_2, b_2, q_2, c_2,
+          w_out, s_out, b_out, q_out, c_out, logits, align, part, parts, flags, shared):  # pragma: no cover - compiled
+    """`step` cut in `parts` parts, one per thread, each calling this at once with its own `part` and the same
+    `flags` (int64 (parts + 1,), zeros) and `shared` (float32, `shared_size`): every product is cut by outputs and
+    every attention by heads, the parts meeting after each (`_sync`); each output is computed as in `step`. (`step`
+    itself stays apart: in one part this way took 5-10% longer, bounds known only at run time and all, ad hoc.)"""
     B = tokens.shape[0]
     L, _, _, H, _, Dh = self_kv.shape
     D = H * Dh
@@ -816,8 +931,11 @@ def step_worker(control, w, rounds, flags, args):  # type: ignore[no-untyped-def
         parts = control[PARTS]
         shared = carray(_pointer(control[SHARED] + 4 * (shared_size(r0, D, F) if parts == 1 else 0), f32),
                         (shared_size(n, D, F),))
-        step(ids, r0, pos, mask, self_kv, cross_kv, *args, logits, np.empty((0, 0), np.float32), control[at + PART],
-             parts, flags, shared)
+        if parts == 1:
+            step(ids, r0, pos, mask, self_kv, cross_kv, *args, logits, np.empty((0, 0), np.float32))
+        else:
+            step_parts(ids, r0, pos, mask, self_kv, cross_kv, *args, logits, np.empty((0, 0), np.float32),
+                       control[at + PART], parts, flags, shared)
         _flag_store(control, at + DONE, go)
 
 
@@ -830,16 +948,34 @@ def shared_size(rows: int, d_model: int, d_ff: int) -> int:  # pragma: no cover 
 @njit(fastmath=FAST, nogil=True, cache=True)
 def encode(x, starts, ns, H, norm_w, norm_b, eps, pre, final_w, final_b, act,  # type: ignore[no-untyped-def]
             w_qkv, s_qkv, b_qkv, q_qkv, c_qkv, w_o, s_o, b_o, q_o, c_o, w_1, s_1, b_1, q_1, c_1,
-            w_2, s_2, b_2, q_2, c_2, w_kv, s_kv, b_kv, q_kv, c_kv, kv, part, parts, flags, shared):  # pragma: no cover
+            w_2, s_2, b_2, q_2, c_2, w_kv, s_kv, b_kv, q_kv, c_kv, kv):  # pragma: no cover - compiled
     """x (N, D): the embedded tokens of sentences b = 0.. at rows starts[b]..starts[b] + ns[b] - 1. Every encoder
-    layer, the final norm (pre-norm) and the cross-attention K/V product into kv (N, L * 2 * D). In one part, x is
-    overwritten. Cut in `parts` parts as `step` is (products by outputs, attention by heads of sentences; `shared`
-    float32 of `encoder_shared_size`), each output computed as in one part."""
+    layer, the final norm (pre-norm) and the cross-attention K/V product into kv (N, L * 2 * D). x is overwritten.
+    `encode_parts` computes the same cut in parts over threads."""
+    N, D = x.shape
+    h, qkv, a, f, none, _ = _scratch(N, D, w_1.shape[1])
+    for i in range(w_qkv.shape[0]):
+        _qkv(x, h, norm_w[i, 0], norm_b[i, 0], eps, pre, w_qkv[i], s_qkv[i], b_qkv[i], q_qkv[i], c_qkv[i], none,
+             qkv)
+        attend_packed(qkv, starts, ns, H, a)
+        _product(a, w_o[i], s_o[i], b_o[i], q_o[i], c_o[i], 0, x, h)
+        _next(x, h, norm_w[i], norm_b[i], 0, eps, pre)
+        _feed_forward(x, h, f, w_1[i], s_1[i], b_1[i], q_1[i], c_1[i], w_2[i], s_2[i], b_2[i], q_2[i], c_2[i], act,
+                      norm_w[i, 1], norm_b[i, 1], eps, pre)
+    _last(x, h, final_w, final_b, eps, pre, w_kv, s_kv, b_kv, q_kv, c_kv, kv)
+
+
+@njit(fastmath=FAST, nogil=True, cache=True)
+def encode_parts(x, starts, ns, H, norm_w, norm_b, eps, pre, final_w, final_b, act,  # type: ignore[no-untyped-def]
+            w_qkv, s_qkv, b_qkv, q_qkv, c_qkv, w_o, s_o, b_o, q_o, c_o, w_1, s_1, b_1, q_1, c_1,
+            w_2, s_2, b_2, q_2, c_2, w_kv, s_kv, b_kv, q_kv, c_kv, kv, part, parts, flags, shared):  # pragma: no cover
+    """`encode` cut in `parts` parts as `step_parts` cuts a step (products by outputs, attention by heads of
+    sentences; `shared` float32 of `encoder_shared_size`), each output computed as in `encode`; x is not written.
+    (In one part this way took up to 1.5x as long as `encode`, int8, ad hoc: `encode` stays apart.)"""
     N, D = x.shape
     F = w_1.shape[1]
     L = w_qkv.shape[0]
-    if parts > 1:
-        x = x.copy()  # the stream, each part's own
+    x = x.copy()  # the stream, each part's own
     hn = np.empty((N, D), np.float32)
     qkv = shared[: N * 3 * D].reshape(N, 3 * D)
     a = shared[N * 3 * D : N * 4 * D].reshape(N, D)
