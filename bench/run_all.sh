@@ -24,6 +24,7 @@ set -x
 "$PYTHON" bench/scheduler_process.py
 "$PYTHON" bench/admission.py
 "$PYTHON" bench/fused_step.py
+"$PYTHON" bench/fused_step.py --threads 2 --sentences 100 --out bench/results/fused-step-parts.json
 "$PYTHON" bench/encoder_attention.py --check
 "$PYTHON" bench/one_sentence.py
 "$PYTHON" bench/one_row.py

@@ -235,8 +235,10 @@ class FusedStep:
     max_rows_int8_dot = 64
     split_min_rows = 4
     # With more than one torch thread, a step of up to this many rows is cut instead into parts of every product (by
-    # outputs) and attention (by heads), one per thread (model.kernels.step): each thread reads its share of the
-    # weights alone. float32 steps always (their weights' bytes are their cost); int8 ones of few rows.
+    # outputs) and attention (by heads), one per thread (model.kernels.step_parts): each thread reads its share of the
+    # weights alone. float32 steps always (their weights' bytes are their cost): 1.3-1.9x one run at 1-128 rows, two
+    # threads; int8 ones of up to 7 rows: 1.04-1.2x at 1-4, where runs of rows gain nothing; from 8 int8 rows runs
+    # of rows are faster (0.38 against 0.53 ms at 8; bench/fused_step.py, docs/benchmarks.md).
     parts_max_rows = 7
     parts_max_rows_float32 = 1 << 30
     _one = np.zeros(2, np.int64)  # a step in one part meets nobody: its flags are never read
