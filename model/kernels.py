@@ -742,12 +742,61 @@ def step(tokens, r0, pos, src_mask, self_kv, cross_kv, table, table_scale, posit
 
 
 @njit(fastmath=FAST, nogil=True, cache=True)
+def _meet_product(x, w, s, b, q, c, act, res, y, cols, flags, part, parts, met):  # type: ignore[no-untyped-def]  # noqa: E501  # pragma: no cover
+    """`_product_cols` over this part's columns (start, end), then the parts meet: returns the meetings so far."""
+    _product_cols(x, w, s, b, q, c, act, res, y, cols[0], cols[1])
+    _sync(flags, part, parts, met + 1)
+    return met + 1
+
+
+@njit(fastmath=FAST, nogil=True, cache=True)
+def _first_input(x, hn, norm_w, norm_b, eps, pre):  # type: ignore[no-untyped-def]  # pragma: no cover - compiled
+    """The first layer's input into hn: x under the layer's first norm (pre-norm), or x itself."""
+    if pre:
+        _norm(x, norm_w, norm_b, eps, hn)
+    else:
+        hn[:] = x
+
+
+@njit(nogil=True, cache=True)
+def _meet(flags, part, parts, met):  # type: ignore[no-untyped-def]  # pragma: no cover - compiled
+    """The parts meet once more (`_sync`): returns the meetings so far."""
+    _sync(flags, part, parts, met + 1)
+    return met + 1
+
+
+@njit(fastmath=FAST, nogil=True, cache=True)
+def _feed_forward_parts(hn, f, stream, y, x, w_1, s_1, b_1, q_1, c_1, act, w_2, s_2, b_2, q_2, c_2,  # type: ignore[no-untyped-def]
+                        Fc, Dc, norm_w, norm_b, final_w, final_b, i, j, eps, pre, flags, part, parts,
+                        met):  # pragma: no cover - compiled
+    """Layer i's feed-forward sublayer in parts (its norm j), hn its input, y its residual sum: the stream after it
+    and the meetings so far (`_layer_end`)."""
+    met = _meet_product(hn, w_1, s_1, b_1, q_1, c_1, act, np.empty((0, 0), np.float32), f, Fc, flags, part, parts,
+                        met)
+    met = _meet_product(f, w_2, s_2, b_2, q_2, c_2, 0, stream, y, Dc, flags, part, parts, met)
+    return _layer_end(y, x, hn, norm_w, norm_b, final_w, final_b, i, j, eps, pre), met
+
+
+@njit(fastmath=FAST, nogil=True, cache=True)
+def _layer_end(y, x, hn, norm_w, norm_b, final_w, final_b, i, j, eps, pre):  # type: ignore[no-untyped-def]  # pragma: no cover
+    """`_then` after layer i's last sublayer, whose own norm is j: into the next layer, or, after the last, the
+    stack's output input in hn (pre-norm: under the final norm)."""
+    if i + 1 < norm_w.shape[0]:
+        return _then(y, x, hn, norm_w[i + 1, 0] if pre else norm_w[i, j], norm_b[i + 1, 0] if pre else norm_b[i, j],
+                     eps, pre)
+    if pre:
+        _norm(y, final_w, final_b, eps, hn)
+    else:
+        _norm(y, norm_w[i, j], norm_b[i, j], eps, hn)
+    return y
+
+
+@njit(fastmath=FAST, nogil=True, cache=True)
 def step_parts(tokens, r0, pos, src_mask, self_kv, cross_kv, table, table_scale, positions,  # type: ignore[no-untyped-def]
-          emb_scale,
-          norm_w, norm_b, eps, pre, final_w, final_b, act,
-          w_qkv, s_qkv, b_qkv, q_qkv, c_qkv, w_o, s_o, b_o, q_o, c_o, w_cq, s_cq, b_cq, q_cq, c_cq,
-          w_co, s_co, b_co, q_co, c_co, w_1, s_1, b_1, q_1, c_1, w_2, s_2, b_2, q_2, c_2,
-          w_out, s_out, b_out, q_out, c_out, logits, align, part, parts, flags, shared):  # pragma: no cover - compiled
+               emb_scale, norm_w, norm_b, eps, pre, final_w, final_b, act,
+               w_qkv, s_qkv, b_qkv, q_qkv, c_qkv, w_o, s_o, b_o, q_o, c_o, w_cq, s_cq, b_cq, q_cq, c_cq,
+               w_co, s_co, b_co, q_co, c_co, w_1, s_1, b_1, q_1, c_1, w_2, s_2, b_2, q_2, c_2,
+               w_out, s_out, b_out, q_out, c_out, logits, align, part, parts, flags, shared):  # pragma: no cover
     """`step` cut in `parts` parts, one per thread, each calling this at once with its own `part` and the same
     `flags` (int64 (parts + 1,), zeros) and `shared` (float32, `shared_size`): every product is cut by outputs and
     every attention by heads, the parts meeting after each (`_sync`); each output is computed as in `step`. (`step`
@@ -780,56 +829,27 @@ def step_parts(tokens, r0, pos, src_mask, self_kv, cross_kv, table, table_scale,
     Dc = _cols(D, part, parts)
     Fc = _cols(F, part, parts)
     Vc = _cols(w_out.shape[0], part, parts)
-    met = 0
-    turn = 0
-    stream = x
-    if pre:
-        _norm(x, norm_w[0, 0], norm_b[0, 0], eps, hn)
-    else:
-        hn[:] = x
+    met, turn, stream, meet = 0, 0, x, (flags, part, parts)  # meetings so far, the residual sums' turn
+    _first_input(x, hn, norm_w[0, 0], norm_b[0, 0], eps, pre)
     for i in range(L):
         # self-attention: the new token's K/V go into the cache at each row's position
-        _product_cols(hn, w_qkv[i], s_qkv[i], b_qkv[i], q_qkv[i], c_qkv[i], 0, none, qkv, D3[0], D3[1])
-        met += 1
-        _sync(flags, part, parts, met)
+        met = _meet_product(hn, w_qkv[i], s_qkv[i], b_qkv[i], q_qkv[i], c_qkv[i], 0, none, qkv, D3, *meet, met)
         _attend_units(qkv, self_kv, i, r0, positions_now, 1, a, none, part, parts)
-        met += 1
-        _sync(flags, part, parts, met)
-        y = sums[turn]
-        turn = 1 - turn
-        _product_cols(a, w_o[i], s_o[i], b_o[i], q_o[i], c_o[i], 0, stream, y, Dc[0], Dc[1])
-        met += 1
-        _sync(flags, part, parts, met)
+        met = _meet(*meet, met)
+        y, turn = sums[turn], 1 - turn
+        met = _meet_product(a, w_o[i], s_o[i], b_o[i], q_o[i], c_o[i], 0, stream, y, Dc, *meet, met)
         stream = _then(y, x, hn, norm_w[i, 1 if pre else 0], norm_b[i, 1 if pre else 0], eps, pre)
         # cross-attention over each row's own source length
-        _product_cols(hn, w_cq[i], s_cq[i], b_cq[i], q_cq[i], c_cq[i], 0, none, q, Dc[0], Dc[1])
-        met += 1
-        _sync(flags, part, parts, met)
+        met = _meet_product(hn, w_cq[i], s_cq[i], b_cq[i], q_cq[i], c_cq[i], 0, none, q, Dc, *meet, met)
         _attend_units(q, cross_kv, i, r0, lengths, -1, a, align if i == L - 1 else none, part, parts)
-        met += 1
-        _sync(flags, part, parts, met)
-        y = sums[turn]
-        turn = 1 - turn
-        _product_cols(a, w_co[i], s_co[i], b_co[i], q_co[i], c_co[i], 0, stream, y, Dc[0], Dc[1])
-        met += 1
-        _sync(flags, part, parts, met)
+        met = _meet(*meet, met)
+        y, turn = sums[turn], 1 - turn
+        met = _meet_product(a, w_co[i], s_co[i], b_co[i], q_co[i], c_co[i], 0, stream, y, Dc, *meet, met)
         stream = _then(y, x, hn, norm_w[i, 2 if pre else 1], norm_b[i, 2 if pre else 1], eps, pre)
-        # feed-forward
-        _product_cols(hn, w_1[i], s_1[i], b_1[i], q_1[i], c_1[i], act, none, f, Fc[0], Fc[1])
-        met += 1
-        _sync(flags, part, parts, met)
-        y = sums[turn]
-        turn = 1 - turn
-        _product_cols(f, w_2[i], s_2[i], b_2[i], q_2[i], c_2[i], 0, stream, y, Dc[0], Dc[1])
-        met += 1
-        _sync(flags, part, parts, met)
-        if i + 1 < L:
-            stream = _then(y, x, hn, norm_w[i + 1, 0] if pre else norm_w[i, 2], norm_b[i + 1, 0] if pre else
-                           norm_b[i, 2], eps, pre)
-        elif pre:
-            _norm(y, final_w, final_b, eps, hn)
-        else:
-            _norm(y, norm_w[i, 2], norm_b[i, 2], eps, hn)
+        y, turn = sums[turn], 1 - turn
+        stream, met = _feed_forward_parts(hn, f, stream, y, x, w_1[i], s_1[i], b_1[i], q_1[i], c_1[i], act, w_2[i],
+                                          s_2[i], b_2[i], q_2[i], c_2[i], Fc, Dc, norm_w, norm_b, final_w, final_b, i,
+                                          2, eps, pre, *meet, met)
     _product_cols(hn, w_out, s_out, b_out, q_out, c_out, 0, none, logits, Vc[0], Vc[1])
     if part == 0:
         for r in range(B):
@@ -985,41 +1005,19 @@ def encode_parts(x, starts, ns, H, norm_w, norm_b, eps, pre, final_w, final_b, a
     D3, Dc, Fc = _cols(3 * D, part, parts), _cols(D, part, parts), _cols(F, part, parts)
     KV = _cols(w_kv.shape[0], part, parts)
     units = _units(starts.shape[0] * H, part, parts)
-    met = 0
-    turn = 0
-    stream = x
-    if pre:
-        _norm(x, norm_w[0, 0], norm_b[0, 0], eps, hn)
-    else:
-        hn[:] = x
+    met, turn, stream, meet = 0, 0, x, (flags, part, parts)  # meetings so far, the residual sums' turn
+    _first_input(x, hn, norm_w[0, 0], norm_b[0, 0], eps, pre)
     for i in range(L):
-        _product_cols(hn, w_qkv[i], s_qkv[i], b_qkv[i], q_qkv[i], c_qkv[i], 0, none, qkv, D3[0], D3[1])
-        met += 1
-        _sync(flags, part, parts, met)
+        met = _meet_product(hn, w_qkv[i], s_qkv[i], b_qkv[i], q_qkv[i], c_qkv[i], 0, none, qkv, D3, *meet, met)
         _attend_packed_units(qkv, starts, ns, H, a, units[0], units[1])
-        met += 1
-        _sync(flags, part, parts, met)
-        y = sums[turn]
-        turn = 1 - turn
-        _product_cols(a, w_o[i], s_o[i], b_o[i], q_o[i], c_o[i], 0, stream, y, Dc[0], Dc[1])
-        met += 1
-        _sync(flags, part, parts, met)
+        met = _meet(*meet, met)
+        y, turn = sums[turn], 1 - turn
+        met = _meet_product(a, w_o[i], s_o[i], b_o[i], q_o[i], c_o[i], 0, stream, y, Dc, *meet, met)
         stream = _then(y, x, hn, norm_w[i, 1 if pre else 0], norm_b[i, 1 if pre else 0], eps, pre)
-        _product_cols(hn, w_1[i], s_1[i], b_1[i], q_1[i], c_1[i], act, none, f, Fc[0], Fc[1])
-        met += 1
-        _sync(flags, part, parts, met)
-        y = sums[turn]
-        turn = 1 - turn
-        _product_cols(f, w_2[i], s_2[i], b_2[i], q_2[i], c_2[i], 0, stream, y, Dc[0], Dc[1])
-        met += 1
-        _sync(flags, part, parts, met)
-        if i + 1 < L:
-            stream = _then(y, x, hn, norm_w[i + 1, 0] if pre else norm_w[i, 1], norm_b[i + 1, 0] if pre else
-                           norm_b[i, 1], eps, pre)
-        elif pre:
-            _norm(y, final_w, final_b, eps, hn)
-        else:
-            _norm(y, norm_w[i, 1], norm_b[i, 1], eps, hn)
+        y, turn = sums[turn], 1 - turn
+        stream, met = _feed_forward_parts(hn, f, stream, y, x, w_1[i], s_1[i], b_1[i], q_1[i], c_1[i], act, w_2[i],
+                                          s_2[i], b_2[i], q_2[i], c_2[i], Fc, Dc, norm_w, norm_b, final_w, final_b, i,
+                                          1, eps, pre, *meet, met)
     _product_cols(hn, w_kv, s_kv, b_kv, q_kv, c_kv, 0, none, kv, KV[0], KV[1])
 
 
