@@ -253,6 +253,14 @@ class FrozenTransformer:
         if self.fused_encoder is not None:
             self.fused_encoder.changed()
 
+    def warm_parts(self) -> None:
+        """Compile (or load from numba's cache) what the fused step and encoder run when cut over more than one torch
+        thread, before the first such step waits for it (the server's schedulers, when given more than one)."""
+        if self.fused is not None:
+            self.fused.warm_parts()
+        if self.fused_encoder is not None:
+            self.fused_encoder.warm_parts()
+
     @property
     def device(self) -> torch.device:
         return self.tgt_table.device

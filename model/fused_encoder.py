@@ -118,6 +118,11 @@ class FusedEncoder:
         D = self.net.cfg.d_model
         _encode(np.zeros((1, D), np.float32), np.zeros(1, np.int64), np.ones(1, np.int64),  # type: ignore[call-arg]
                 *self._args(off), np.empty((1, self.arrays["w_kv"].shape[0]), np.float32))
+
+    def warm_parts(self) -> None:
+        """Compile (or load) `encode_parts` now (`FusedStep.warm_parts`)."""
+        L, D = self.arrays["w_qkv"].shape[0], self.net.cfg.d_model
+        off = {name: np.zeros((L, 4), np.float32) for name in PRODUCTS} | {"kv": np.zeros(4, np.float32)}
         encode_parts(np.zeros((1, D), np.float32), np.zeros(1, np.int64), np.ones(1, np.int64),  # type: ignore[call-arg]
                      *self._args(off), np.empty((1, self.arrays["w_kv"].shape[0]), np.float32), 0, 1,
                      np.zeros(2, np.int64), self._shared(1))

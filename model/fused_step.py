@@ -316,10 +316,22 @@ class FusedStep:
               np.zeros((L, 2, 1, H, 2, Dh), np.float32), np.zeros((L, 2, 1, H, 1, Dh), np.float32),
               *self._args(off, np.float32(1.0)), np.empty((1, a["w_out"].shape[0]), np.float32),
               np.zeros((1, 1), np.float32))
+
+    def warm_parts(self) -> None:
+        """Compile (or load) what a step cut over threads runs, `step_parts` and the helpers' loop, now: about as long
+        again as `warm` with an empty cache, so only where more than one torch thread will decode
+        (`FrozenTransformer.warm_parts`); elsewhere the first such step compiles them."""
+        a, L = self.arrays, self.net.cfg.decoder_layers
+        H, Dh = self.net.cfg.n_heads, self.net.cfg.head_dim
+        off = {name: np.zeros((L, 4), np.float32) for name in PRODUCTS} | {"out": np.zeros(4, np.float32)}
+        args = self._args(off, np.float32(1.0))
         step_parts(np.zeros(1, np.int64), 0, np.zeros(1, np.int64), np.ones((1, 1), np.bool_),  # type: ignore[call-arg]
-                   np.zeros((L, 2, 1, H, 2, Dh), np.float32), np.zeros((L, 2, 1, H, 1, Dh), np.float32),
-                   *self._args(off, np.float32(1.0)), np.empty((1, a["w_out"].shape[0]), np.float32),
-                   np.zeros((1, 1), np.float32), 0, 1, np.zeros(2, np.int64), self._shared(1))
+                   np.zeros((L, 2, 1, H, 2, Dh), np.float32), np.zeros((L, 2, 1, H, 1, Dh), np.float32), *args,
+                   np.empty((1, a["w_out"].shape[0]), np.float32), np.zeros((1, 1), np.float32), 0, 1,
+                   np.zeros(2, np.int64), self._shared(1))
+        control = np.zeros(HELPER_SLOTS + PER_HELPER, np.int64)
+        control[GO], control[STOP] = 1, 1  # a helper told to stop at once: it returns before any step
+        step_worker(control, 1, 0, np.zeros(3, np.int64), args)
 
     def changed(self) -> None:
         """The products' input ranges or calibration state changed: read them again before the next step."""

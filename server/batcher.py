@@ -155,6 +155,8 @@ class Batcher:
             threads = self.settings.threads or (cpu_threads() if self.net.device.type == "cpu" else None)
             if threads:
                 torch.set_num_threads(threads)
+            if (threads or 1) > 1 and self.net.device.type == "cpu":
+                self.net.warm_parts()  # steps cut over the threads: compiled before the scheduler says it runs
             self.batch = batch = self._new_batch()
             if self.settings.encode_ahead and self.settings.batching and self.net.device.type == "cpu":
                 self._encoder = ThreadPoolExecutor(1, f"tolk-encoder-{self.name}", torch.set_num_threads,

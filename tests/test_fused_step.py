@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import threading
 from typing import Any
 
 import numpy as np
@@ -306,3 +307,13 @@ def test_steps_never_read_the_cache_beyond_each_rows_length(dtype: str) -> None:
                 with torch.inference_mode():
                     runs.append([(h[0].tokens, h[0].score) for h in generate(net, SOURCES * 2, config, batch=batch)])
             assert runs[0] == runs[1]
+
+
+def test_warming_the_parts_compiles_them_and_starts_no_thread() -> None:
+    """`warm_parts` (the server's schedulers on more than one thread) runs `step_parts`, `encode_parts` and a helper's
+    loop told to stop at once; no helper thread is started until a step is cut."""
+    net = nets("int8", norm="pre", activation="relu")[0]
+    assert net.fused is not None
+    before = threading.active_count()
+    net.warm_parts()
+    assert net.fused.hot is None and threading.active_count() == before
