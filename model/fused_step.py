@@ -193,17 +193,15 @@ class Helpers:
         `mine(hi, parts, flags, shared)` computes the caller's share: part 0 of `parts`, or rows 0..hi-1."""
         B = ids.shape[0]
         d_model, d_ff = views[2].shape[3] * views[2].shape[5], self.args[31].shape[1]
-        shared = np.empty(shared_size(B, d_model, d_ff), np.float32)
+        shared = np.empty(shared_size(B, d_model, d_ff) if runs == 1 else 0, np.float32)  # (runs of rows: unused)
         self.flags[:] = 0
         with self.wake:
             go = post_step(self.control, self.helpers, runs, ids, logits, *views, shared)  # type: ignore[call-arg]
             if any(self.sleeping):
                 self.wake.notify_all()
         try:
-            if runs == 1:
-                mine(B, self.helpers + 1, self.flags, shared)
-            else:
-                mine(B // runs, 1, self.flags, shared[: shared_size(B // runs, d_model, d_ff)])
+            parts, rows = (self.helpers + 1, B) if runs == 1 else (1, B // runs)
+            mine(rows, parts, self.flags, shared)
         except BaseException:
             self.flags[-1] = 1
             raise
@@ -241,7 +239,7 @@ class FusedStep:
     # of rows are faster (0.38 against 0.53 ms at 8; bench/fused_step.py, docs/benchmarks.md).
     parts_max_rows = 7
     parts_max_rows_float32 = 1 << 30
-    _one = np.zeros(2, np.int64)  # a step in one part meets nobody: its flags are never read
+    _one, _none = np.zeros(2, np.int64), np.empty(0, np.float32)  # a step in one part: no flags, no shared arrays
 
     def __init__(self, arrays: dict[str, np.ndarray], projections: dict[str, Projection], net: FrozenTransformer,
                  pre: bool, act: int, eps: float) -> None:
@@ -384,8 +382,8 @@ class FusedStep:
             at_once([functools.partial(self._run, ids, views, out, align_out, 0, B, threads, flags, shared, part)
                      for part in range(threads)])
         else:
-            at_once([functools.partial(self._run, ids, views, out, align_out, lo, hi, 1, self._one,
-                                       self._shared(hi - lo)) for lo, hi in zip(cuts[:-1], cuts[1:], strict=True)])
+            at_once([functools.partial(self._run, ids, views, out, align_out, lo, hi, 1, self._one, self._none)
+                     for lo, hi in zip(cuts[:-1], cuts[1:], strict=True)])
         cache.advance(B, on_device=False)
         if align is not None:
             align.append(weights[:, : cache.s_hi])
@@ -393,7 +391,7 @@ class FusedStep:
 
     def _run(self, ids: np.ndarray, views: tuple[np.ndarray, ...], logits: np.ndarray, align: np.ndarray, lo: int,
              hi: int, parts: int, flags: np.ndarray, shared: np.ndarray, part: int = 0) -> None:
-        """Rows lo..hi-1 of the step, or part `part` of `parts` of it."""
+        """Rows lo..hi-1 of the step (`parts` 1: flags and shared unused), or part `part` of `parts` of it."""
         rows = align[lo:hi] if align.shape[0] else align
         if parts == 1:
             _step(ids[lo:hi], lo, *views, *self.args, logits[lo:hi], rows)  # type: ignore[call-arg, misc]

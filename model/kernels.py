@@ -886,8 +886,8 @@ def post(control):  # type: ignore[no-untyped-def]  # pragma: no cover - compile
 @njit(nogil=True, cache=True)
 def post_step(control, helpers, runs, ids, logits, pos, mask, self_kv, cross_kv, shared):  # type: ignore[no-untyped-def]  # noqa: E501  # pragma: no cover
     """Write a step of ids.shape[0] rows into control for the helpers and post it: runs 1, a step cut in
-    helpers + 1 parts over the same rows (each helper its part); else `runs` runs of rows, the caller's the first,
-    helper w's the (w + 1)-th (none past the last), each with its rows' share of `shared`. Returns the new GO."""
+    helpers + 1 parts over the same rows (each helper its part, all of them `shared`); else `runs` runs of rows, the
+    caller's the first, helper w's the (w + 1)-th (none past the last). Returns the new GO."""
     B = ids.shape[0]
     control[IDS], control[LOGITS], control[SHARED] = ids.ctypes.data, logits.ctypes.data, shared.ctypes.data
     control[POS], control[MASK] = pos.ctypes.data, mask.ctypes.data
@@ -949,11 +949,10 @@ def step_worker(control, w, rounds, flags, args):  # type: ignore[no-untyped-def
         self_kv = carray(_pointer(control[SELF_KV], f32), (L, 2, rows, H, T, D // H))
         cross_kv = carray(_pointer(control[CROSS_KV], f32), (L, 2, rows, H, S, D // H))
         parts = control[PARTS]
-        shared = carray(_pointer(control[SHARED] + 4 * (shared_size(r0, D, F) if parts == 1 else 0), f32),
-                        (shared_size(n, D, F),))
         if parts == 1:
             step(ids, r0, pos, mask, self_kv, cross_kv, *args, logits, np.empty((0, 0), np.float32))
         else:
+            shared = carray(_pointer(control[SHARED], f32), (shared_size(n, D, F),))
             step_parts(ids, r0, pos, mask, self_kv, cross_kv, *args, logits, np.empty((0, 0), np.float32),
                        control[at + PART], parts, flags, shared)
         _flag_store(control, at + DONE, go)
