@@ -8,6 +8,7 @@ around them: one call here.
 
 from __future__ import annotations
 
+import numpy as np
 from numba import njit
 
 
@@ -41,3 +42,81 @@ def best_continuations(logprobs, rows, score, top, beam, token):  # type: ignore
                 if filled < n:
                     filled += 1
 
+
+
+@njit(nogil=True, cache=True)
+def choose_beams(logprobs, rows, score, eos, top, beam, token, picked, ended):  # type: ignore[no-untyped-def]  # pragma: no cover
+    """`best_continuations`, then each sentence's choice among its candidates, best first: one that ends the
+    sentence (token eos) and ranks within the first k ends a hypothesis; the first k others go on.
+
+    picked (m, k, 3) float64: beam, token and score of each continuation that goes on, in order (float64 holds the
+    float32 scores and every id exactly, so that one `tolist` brings them all up); ended (m, k + 1, 2) float64:
+    ended[j, 0, 0] the number of hypotheses sentence j ended, then beam and score of each. Returns the fewest
+    continuations any sentence found (k, unless its candidates ran out)."""
+    best_continuations(logprobs, rows, score, top, beam, token)
+    m, k = rows.shape
+    n = top.shape[1]
+    fewest = k
+    for j in range(m):
+        got = 0
+        done = 0
+        for i in range(n):
+            if token[j, i] == eos:
+                if i < k:
+                    ended[j, done + 1, 0] = beam[j, i]
+                    ended[j, done + 1, 1] = top[j, i]
+                    done += 1
+                continue
+            picked[j, got, 0] = beam[j, i]
+            picked[j, got, 1] = token[j, i]
+            picked[j, got, 2] = top[j, i]
+            got += 1
+            if got == k:
+                break
+        ended[j, 0, 0] = done
+        fewest = min(fewest, got)
+    return fewest
+
+
+@njit(nogil=True, cache=True)
+def _copy_kv(src, dst, T):  # type: ignore[no-untyped-def]  # pragma: no cover - compiled
+    """dst[h, t] = src[h, t] for positions t below T of (H, T_max, Dh) blocks, a row of Dh at a time."""
+    for h in range(src.shape[0]):
+        for t in range(T):
+            for d in range(src.shape[2]):
+                dst[h, t, d] = src[h, t, d]
+
+
+@njit(nogil=True, cache=True)
+def move_beams(rows, picked, tokens, score, self_kv, T, history, pos):  # type: ignore[no-untyped-def]  # pragma: no cover
+    """Each sentence's rows take the continuations `choose_beams` picked: row rows[j, b] continues the beam
+    rows[j, picked[j, b, 0]] (its self-attention K/V of positions below T (self_kv (L, 2, R, H, T_max, Dh)), its
+    history and position, when it is another row) with token picked[j, b, 1] (into tokens) and running score
+    picked[j, b, 2] (into score). A sentence's rows are read before any of them is written."""
+    m, k = rows.shape
+    L, _, _, H, _, Dh = self_kv.shape
+    kv = np.empty((k, L, 2, H, T, Dh), self_kv.dtype)
+    hist = np.empty((k, history.shape[1]), history.dtype)
+    at = np.empty(k, pos.dtype)
+    for j in range(m):
+        for b in range(k):  # the rows this sentence's moves read, copied aside first
+            src = np.int64(picked[j, b, 0])
+            if src == b:
+                continue
+            r = rows[j, src]
+            for layer in range(L):
+                for c in range(2):
+                    _copy_kv(self_kv[layer, c, r], kv[src, layer, c], T)
+            hist[src, :] = history[r, :]
+            at[src] = pos[r]
+        for b in range(k):
+            src = np.int64(picked[j, b, 0])
+            r = rows[j, b]
+            if src != b:
+                for layer in range(L):
+                    for c in range(2):
+                        _copy_kv(kv[src, layer, c], self_kv[layer, c, r], T)
+                history[r, :] = hist[src, :]
+                pos[r] = at[src]
+            tokens[r] = np.int64(picked[j, b, 1])
+            score[r] = np.float32(picked[j, b, 2])

@@ -16,9 +16,9 @@ from model.decode import DecodeBatch, Sequence
 from model.events import Hypothesis
 
 try:  # numba; without it (the GPU script's bare machine) the CPU takes torch's top-ks as the GPU does
-    from model.beam_host import best_continuations
+    from model.beam_host import best_continuations, choose_beams, move_beams
 except (ImportError, RuntimeError):  # pragma: no cover - RuntimeError: numba finds no writable cache
-    best_continuations = None  # type: ignore[assignment]
+    best_continuations = choose_beams = move_beams = None  # type: ignore[assignment]
 
 # From this many logits on, `top_k` goes through chunk maxima; below, torch's topk is as fast or faster
 # (bench/levers.py, 1 and 2 threads, k = 8: 4 x 8,000 logits 53 against 145-224 us; 32 x 8,000 even, 0.85-1.23x;
@@ -67,6 +67,7 @@ def beam_step(batch: DecodeBatch, beams: list[Sequence], logprobs: Tensor, token
                 and logprobs.numel() <= COMPILED_MAX)
     plain = [s for s in beams if s.constraints is None]
     constrained = [s for s in beams if s.constraints is not None]
+    moves = _host_moves(batch) if compiled else None
     if constrained or not compiled:
         top_logprobs, top_tokens = top_k(logprobs, K)  # (n, K) best first
     src_rows: list[int] = []
@@ -86,9 +87,18 @@ def beam_step(batch: DecodeBatch, beams: list[Sequence], logprobs: Tensor, token
         m, c = len(group), min(2 * k, K)
         if compiled:  # one pass over the log-probs of each sentence's beams (model/beam_host.py)
             n = min(2 * k, k * logprobs.shape[1])
+            rows_h = np.array([s.rows for s in group], np.int64)  # (m, k)
             top, beam_h, token_h = np.empty((m, n), np.float32), np.empty((m, n), np.int64), np.empty((m, n), np.int64)
-            best_continuations(logprobs.numpy(), np.array([s.rows for s in group], np.int64), st.score.numpy(), top,
-                               beam_h, token_h)
+            if moves:  # the choice and the rows' moves compiled too (model/beam_host.py)
+                chosen_h, ended_h = np.empty((m, k, 3)), np.empty((m, k + 1, 2))
+                if choose_beams(logprobs.numpy(), rows_h, st.score.numpy(), batch.cfg.eos_id, top, beam_h, token_h,
+                                chosen_h, ended_h) == k:
+                    for seq, chosen_j, ended_j in zip(group, chosen_h.tolist(), ended_h.tolist(), strict=True):
+                        _take(seq, chosen_j, ended_j, sources)
+                    move_beams(rows_h, chosen_h, tokens.numpy(), st.score.numpy(), *moves)
+                    continue
+            else:
+                best_continuations(logprobs.numpy(), rows_h, st.score.numpy(), top, beam_h, token_h)
             scores, picked = top.tolist(), [list(zip(*pair, strict=True)) for pair in
                                             zip(beam_h.tolist(), token_h.tolist(), strict=True)]
         elif host:
@@ -117,6 +127,8 @@ def beam_step(batch: DecodeBatch, beams: list[Sequence], logprobs: Tensor, token
                 new_scores.append(score)
     moved = [(s, d) for s, d in zip(src_rows, dst_rows, strict=True) if s != d]  # a beam kept in place: no copy
     if host:
+        if not dst_rows:  # every sentence moved its rows in compiled code
+            return
         if moved:
             batch.reorder(torch.tensor([s for s, _ in moved]), torch.tensor([d for _, d in moved]))
         at = np.array(dst_rows)
@@ -133,6 +145,25 @@ def beam_step(batch: DecodeBatch, beams: list[Sequence], logprobs: Tensor, token
     rows = ints[:R]
     tokens[rows] = ints[R : 2 * R]
     st.score[rows] = down[2 * R : 3 * R].float()
+
+
+def _host_moves(batch: DecodeBatch) -> tuple[np.ndarray, int, np.ndarray, np.ndarray] | None:
+    """What `move_beams` moves a beam's row with: the self-attention K/V and the length of it in use, the history
+    and the positions, as numpy arrays over the batch's memory; None where numpy cannot hold the cache."""
+    if move_beams is None or batch.cache.self_kv.dtype != torch.float32:
+        return None
+    pos, _, self_kv, _ = batch.cache.host_views()
+    return self_kv, min(batch.cache.t_hi + 1, batch.cache.max_tgt), batch.state.host_views()[0], pos
+
+
+def _take(seq: Sequence, chosen: list[list[float]], ended: list[list[float]], sources: list[int] | None) -> None:
+    """`_advance_beams` of what `choose_beams` chose: the hypotheses it ended, and the beams that go on."""
+    lpen = seq.config.length_penalty
+    for beam, score in ended[1 : 1 + int(ended[0][0])]:
+        hyp = seq.tokens[int(beam)]
+        _add_hyp(seq, Hypothesis(list(hyp), score / (len(hyp) + 1) ** lpen, "eos", alignment(seq, int(beam))))
+    _extend(seq, [(int(b), int(t)) for b, t, _ in chosen], sources)
+    seq.scores = [s for _, _, s in chosen]
 
 
 def _advance_beams(seq: Sequence, scores: list[float], cands: list[tuple[int, int]], eos: int,

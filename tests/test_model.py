@@ -6,6 +6,7 @@ import copy
 import math
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
@@ -239,6 +240,57 @@ def test_beam_search_on_the_cpu_gives_the_torch_ways_hypotheses(loaded: checkpoi
     by_torch = generate(loaded.net, sources, config)
     assert [[(h.tokens, h.score) for h in hyps] for hyps in compiled] == \
         [[(h.tokens, h.score) for h in hyps] for hyps in by_torch]
+
+
+@pytest.mark.parametrize("k", [2, 4])
+def test_compiled_beam_choice_equals_advance_beams(k: int) -> None:
+    """`choose_beams` against `_advance_beams` on the same candidates, end-of-sentence at every rank in turn: the
+    hypotheses it ends (only within the first k) and the k continuations, in order."""
+    beam_host = pytest.importorskip("model.beam_host", reason="numba")
+    from model.beams import _advance_beams, _take
+    from model.decode import Sequence
+    V, eos, m = 30, 2, 2 * k + 1
+    g = torch.Generator().manual_seed(k)
+    for trial in range(2 * k + 2):
+        logprobs = torch.randn(m * k, V, generator=g).log_softmax(-1)
+        score = torch.randn(m * k, generator=g)
+        for j in range(m):  # sentence j's end-of-sentence among its best candidates, at a rank that moves
+            logprobs[j * k + (j + trial) % k, eos] = 5.0 - ((j + trial) % (2 * k + 1))
+        rows = torch.arange(m * k).view(m, k)
+        n = 2 * k
+        top, beam, token = np.empty((m, n), np.float32), np.empty((m, n), np.int64), np.empty((m, n), np.int64)
+        chosen, ended = np.empty((m, k, 3)), np.empty((m, k + 1, 2))
+        assert beam_host.choose_beams(logprobs.numpy(), rows.numpy(), score.numpy(), eos, top, beam, token, chosen,
+                                      ended) == k
+        config = GenerationConfig(beam_size=k, num_hypotheses=k)
+        for j in range(m):
+            history = [[10 + b] * 3 for b in range(k)]
+            listed = Sequence((0, j), config, 5, list(range(k)), 20, [list(h) for h in history], [0.0] * k)
+            candidates = list(zip(beam[j].tolist(), token[j].tolist(), strict=True))
+            picks = _advance_beams(listed, top[j].tolist(), candidates, eos, None)
+            taken = Sequence((0, j), config, 5, list(range(k)), 20, [list(h) for h in history], [0.0] * k)
+            _take(taken, chosen[j].tolist(), ended[j].tolist(), None)
+            assert [(int(b), int(t), s) for b, t, s in chosen[j].tolist()] == picks
+            assert (taken.tokens, taken.scores, taken.hyps) == (listed.tokens, listed.scores, listed.hyps)
+            assert int(ended[j, 0, 0]) == len(listed.hyps)
+
+
+def test_compiled_beam_moves_give_the_listed_ways_hypotheses(loaded: checkpoint.LoadedModel,
+                                                              sources: list[list[int]],
+                                                              monkeypatch: pytest.MonkeyPatch) -> None:
+    """`choose_beams` and `move_beams` (the choice and the rows' moves compiled) against the same candidates chosen
+    and moved from Python lists (`_advance_beams`, `DecodeBatch.reorder`): hypotheses, scores and alignments."""
+    pytest.importorskip("model.beam_host", reason="numba")
+    import model.beams
+    configs = [GenerationConfig(beam_size=3, num_hypotheses=3, max_new_tokens=16, alignment=True),
+               GenerationConfig(beam_size=4, num_hypotheses=2, max_new_tokens=12, length_penalty=0.6)]
+    for config in configs:
+        monkeypatch.undo()
+        compiled = generate(loaded.net, sources, config, max_rows=2 * config.beam_size)  # rows reused as they free
+        monkeypatch.setattr(model.beams, "move_beams", None)
+        listed = generate(loaded.net, sources, config, max_rows=2 * config.beam_size)
+        assert [[(h.tokens, h.score, h.alignment) for h in hyps] for hyps in compiled] == \
+            [[(h.tokens, h.score, h.alignment) for h in hyps] for hyps in listed]
 
 
 def test_greedy_equals_recomputation(loaded: checkpoint.LoadedModel, sources: list[list[int]]) -> None:
