@@ -43,7 +43,6 @@ def best_continuations(logprobs, rows, score, top, beam, token):  # type: ignore
                     filled += 1
 
 
-
 @njit(nogil=True, cache=True)
 def choose_beams(logprobs, rows, score, eos, top, beam, token, picked, ended):  # type: ignore[no-untyped-def]  # pragma: no cover
     """`best_continuations`, then each sentence's choice among its candidates, best first: one that ends the

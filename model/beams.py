@@ -89,7 +89,7 @@ def beam_step(batch: DecodeBatch, beams: list[Sequence], logprobs: Tensor, token
             n = min(2 * k, k * logprobs.shape[1])
             rows_h = np.array([s.rows for s in group], np.int64)  # (m, k)
             top, beam_h, token_h = np.empty((m, n), np.float32), np.empty((m, n), np.int64), np.empty((m, n), np.int64)
-            if moves:  # the choice and the rows' moves compiled too (model/beam_host.py)
+            if moves is not None:  # the choice and the rows' moves compiled too (model/beam_host.py)
                 chosen_h, ended_h = np.empty((m, k, 3)), np.empty((m, k + 1, 2))
                 if choose_beams(logprobs.numpy(), rows_h, st.score.numpy(), batch.cfg.eos_id, top, beam_h, token_h,
                                 chosen_h, ended_h) == k:
@@ -158,10 +158,8 @@ def _host_moves(batch: DecodeBatch) -> tuple[np.ndarray, int, np.ndarray, np.nda
 
 def _take(seq: Sequence, chosen: list[list[float]], ended: list[list[float]], sources: list[int] | None) -> None:
     """`_advance_beams` of what `choose_beams` chose: the hypotheses it ended, and the beams that go on."""
-    lpen = seq.config.length_penalty
     for beam, score in ended[1 : 1 + int(ended[0][0])]:
-        hyp = seq.tokens[int(beam)]
-        _add_hyp(seq, Hypothesis(list(hyp), score / (len(hyp) + 1) ** lpen, "eos", alignment(seq, int(beam))))
+        _end_beam(seq, int(beam), score)
     _extend(seq, [(int(b), int(t)) for b, t, _ in chosen], sources)
     seq.scores = [s for _, _, s in chosen]
 
@@ -169,13 +167,12 @@ def _take(seq: Sequence, chosen: list[list[float]], ended: list[list[float]], so
 def _advance_beams(seq: Sequence, scores: list[float], cands: list[tuple[int, int]], eos: int,
                    sources: list[int] | None) -> list[tuple[int, int, float]]:
     """Host bookkeeping of one beam sequence: finished hypotheses, and the k beams that go on."""
-    k, lpen = seq.beam, seq.config.length_penalty
+    k = seq.beam
     picks: list[tuple[int, int, float]] = []
     for rank, (score, (beam, token)) in enumerate(zip(scores, cands, strict=True)):
         if token == eos:
             if rank < k:
-                hyp = seq.tokens[beam]
-                _add_hyp(seq, Hypothesis(list(hyp), score / (len(hyp) + 1) ** lpen, "eos", alignment(seq, beam)))
+                _end_beam(seq, beam, score)
         else:
             picks.append((beam, token, score))
         if len(picks) == k:
@@ -257,15 +254,20 @@ def _advance_constrained(seqs: list[Sequence], score: Tensor, logprobs: Tensor, 
                    + list(zip(n, r[2 * width + 1:], strict=False)) for r, n in zip(mine, nxt, strict=True)]
         budget = c.limit(seq.src_len, seq.max_new) - seq.n_gen - 1
         picks, ended = select_beams(c, k, [r[0] for r in mine], seq.progress, options, eos, budget)
-        lpen = seq.config.length_penalty
         for beam, total in ended:
-            hyp = seq.tokens[beam]
-            _add_hyp(seq, Hypothesis(list(hyp), total / (len(hyp) + 1) ** lpen, "eos", alignment(seq, beam)))
+            _end_beam(seq, beam, total)
         _extend(seq, [(x.beam, x.token) for x in picks], sources)
         seq.scores = [x.score for x in picks]
         seq.progress = [x.progress for x in picks]
         out.append([(x.beam, x.token, x.score) for x in picks])
     return out
+
+
+def _end_beam(seq: Sequence, beam: int, score: float) -> None:
+    """Beam `beam` of seq ended with end-of-sentence at this running score: a hypothesis, scored by length."""
+    hyp = seq.tokens[beam]
+    _add_hyp(seq, Hypothesis(list(hyp), score / (len(hyp) + 1) ** seq.config.length_penalty, "eos",
+                             alignment(seq, beam)))
 
 
 def _add_hyp(seq: Sequence, hyp: Hypothesis) -> None:
