@@ -70,7 +70,8 @@ def test_sentences_joining_a_decoding_batch_are_encoded_ahead_and_decode_as_alon
         jobs = [scheduler.submit([src], [c]) for src, c in zip(sources, configs, strict=True)]
         return await results(first), [await results(j) for j in jobs]
 
-    first, each = asyncio.run(scenario())
+    with slow_steps(scheduler, 0.005):  # 60 steps of the tiny model otherwise end before wait_for looks
+        first, each = asyncio.run(scenario())
     assert any(on_encoder for on_encoder in (name.startswith("tolk-encoder") for name, _ in seen))
     assert len(first[0].hypotheses[0].tokens) == 60
     for i, (text, config) in enumerate(zip(TEXTS, configs, strict=True)):
@@ -120,7 +121,8 @@ def test_out_of_memory_while_encoding_ahead_is_retried_with_half(
         await results(first)
         return finished
 
-    finished = asyncio.run(scenario())
+    with slow_steps(scheduler, 0.005):  # as above: the first request must still decode when the second comes
+        finished = asyncio.run(scenario())
     ahead = [n for name, n in seen if name.startswith("tolk-encoder")]
     assert ahead[:3] == [6, 3, 1]  # halved until it fits (3 // 2 = 1)
     assert [finished[i].hypotheses[0].tokens for i in range(len(TEXTS))] == [
