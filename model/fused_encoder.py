@@ -4,8 +4,9 @@
 The operator-by-operator encoder of a short sentence is mostly fixed costs: 25 products whose cost per call
 dominates at a few rows, and a few dozen small operators. Measured on the shipped model (one thread, the 2-core AVX2
 EPYC, the two alternating in one process, ad hoc scripts):
-- float32: this encoder is faster at every length up to 28 tokens (1.2-1.9x), so sentences of at most
-  `MAX_TOKENS` tokens are encoded here;
+- float32: this encoder was faster at every length up to 28 tokens (1.2-1.9x); with its products in panels
+  (`model.kernels._panel_rows`, 2026-11-27, an AVX-512 EPYC, one thread) it is faster at every length measured,
+  1.7x at up to 7 tokens, 1.35x at 16-23, 1.1-1.3x at 40-100, so every sentence is encoded here;
 - int8 through AVX2's byte products (`model.kernels._dot_u8s8`): faster at every length, one sentence at a time
   (2.1x at up to 7 tokens, 1.4x at 16-23, 1.0x at 100), so every sentence is encoded here. Admissions of many
   sentences are cut over the torch threads (`SPLIT_MIN_TOKENS`): a batch of 32 test sentences took 0.59x the
@@ -31,7 +32,7 @@ from torch import Tensor
 from torch.ao.nn.quantized.dynamic import Linear as QuantizedLinear
 
 from model.fused_step import MAX_WEIGHT_BYTES, _weights, at_once, input_ranges
-from model.kernels import ACTIVATIONS, INT8_DOT, encode_parts, encoder_shared_size, weight_sums
+from model.kernels import ACTIVATIONS, INT8_DOT, encode_parts, encoder_shared_size, pack_panels, weight_sums
 from model.kernels import encode as _encode
 
 if TYPE_CHECKING:
@@ -40,20 +41,19 @@ if TYPE_CHECKING:
     from model.projection import Projection
     from model.transformer import Transformer
 
-MAX_TOKENS = 24  # sentences of at most this many tokens are encoded here in float32 (module docstring)
-MAX_TOKENS_INT8 = 8  # and in int8 without AVX2; with it, every sentence
+MAX_TOKENS_INT8 = 8  # sentences of at most this many tokens are encoded here in int8 without AVX2; else every one
 SPLIT_MIN_TOKENS = 64  # admissions of at least this many tokens are cut over the torch threads
 PRODUCTS = ("qkv", "o", "fc1", "fc2")
 
 
 class FusedEncoder:
-    """`encode_cross` of short sentences on the CPU as one compiled function (`_encode`)."""
+    """`encode_cross` on the CPU as one compiled function (`_encode`), for sentences of up to `max_tokens`."""
 
     def __init__(self, arrays: dict[str, np.ndarray], projections: dict[str, Projection], net: FrozenTransformer,
                  pre: bool, act: int, eps: float) -> None:
         self.arrays, self.projections, self.net = arrays, projections, net
         int8 = arrays["w_qkv"].dtype == np.int8
-        self.max_tokens = MAX_TOKENS if not int8 else net.cfg.max_positions if INT8_DOT else MAX_TOKENS_INT8
+        self.max_tokens = net.cfg.max_positions if INT8_DOT or not int8 else MAX_TOKENS_INT8
         self.pre, self.act, self.eps = pre, act, eps
         self.args: tuple[Any, ...] | None = None  # `_encode`'s weight arguments, while usable
         self.usable: bool | None = None
@@ -87,6 +87,8 @@ class FusedEncoder:
         arrays["w_kv"], arrays["s_kv"], arrays["b_kv"] = kv
         for name in (*PRODUCTS, "kv"):
             arrays[f"c_{name}"] = weight_sums(arrays[f"w_{name}"])
+            if arrays[f"w_{name}"].dtype == np.float32:  # the layout the float32 products read (a copy)
+                arrays[f"w_{name}"] = pack_panels(arrays[f"w_{name}"])
         norms = [[layer.self_res.norm, layer.ff_res.norm] for layer in encoder]
         arrays["norm_w"] = np.stack([[n.weight.detach().numpy() for n in ns] for ns in norms]).astype(np.float32)
         arrays["norm_b"] = np.stack([[n.bias.detach().numpy() for n in ns] for ns in norms]).astype(np.float32)

@@ -41,6 +41,7 @@ from model.kernels import (
     PER_HELPER,
     STOP,
     choose_greedy,
+    pack_panels,
     post,
     post_step,
     quantize_rows,
@@ -222,15 +223,17 @@ class Helpers:
 class FusedStep:
     """The decode step of up to `max_rows` rows per torch thread on the CPU as one compiled function (`_step`)."""
 
-    # Up to this many rows per torch thread the fused step takes a step, where it is faster than the operator-by-
-    # operator one on the 2-core AVX2 EPYC (docs/benchmarks.md). A step of at least 2 x `split_min_rows` rows is cut
-    # into runs of rows, one per torch thread, run at once (the compiled step releases the GIL; each row is computed on
-    # its own, so the numbers do not depend on the cut). One thread: float32 1.21x at 16 rows, 1.01x at 32; int8
-    # through AVX2's byte products 4.7x at 1 row, 1.08x at 64, 0.97x at 128. Two threads, cut (bench/fused_step.py):
-    # float32 1.16x at 32 rows, 1.05x at 64; int8 1.55x at 32, 1.26x at 128. int8 without AVX2: 1.1-1.5x at 8,
-    # 0.8-1.0x at 16.
+    # Up to this many rows per torch thread the fused step takes a step, where it was measured faster than the
+    # operator-by-operator one (docs/benchmarks.md). A step of at least 2 x `split_min_rows` rows is cut into runs of
+    # rows, one per torch thread, run at once (the compiled step releases the GIL; each row is computed on its own,
+    # so the numbers do not depend on the cut). int8 without AVX2 (`max_rows`): 1.1-1.5x at 8 rows, 0.8-1.0x at 16.
+    # int8 through AVX2's byte products, one thread: 4.7x at 1 row, 1.08x at 64, 0.97x at 128; two threads, cut:
+    # 1.55x at 32, 1.26x at 128. float32 with its products in panels (`model.kernels._panel_rows`, 2026-11-27, an
+    # AVX-512 EPYC): one thread 1.17x at 64 rows, 1.06x at 128; two threads, cut in parts, 1.21x at 64, 1.10x at 128
+    # (it had been 16 rows a thread, 1.01x at 32 with one thread, before the panels).
     max_rows = 16
     max_rows_int8_dot = 64
+    max_rows_float32 = 64
     split_min_rows = 4
     # With more than one torch thread, a step of up to this many rows is cut instead into parts of every product (by
     # outputs) and attention (by heads), one per thread (model.kernels.step_parts): each thread reads its share of the
@@ -247,7 +250,7 @@ class FusedStep:
         if arrays["w_qkv"].dtype == np.int8 and INT8_DOT:
             self.max_rows = self.max_rows_int8_dot
         if arrays["w_qkv"].dtype == np.float32:
-            self.parts_max_rows = self.parts_max_rows_float32
+            self.max_rows, self.parts_max_rows = self.max_rows_float32, self.parts_max_rows_float32
         self.pre, self.act, self.eps = pre, act, eps
         self.usable: bool | None = None  # read from the products when first asked (`ready`)
         self.args: tuple[Any, ...] | None = None  # `_step`'s arguments after the cache's, while usable
@@ -284,6 +287,8 @@ class FusedStep:
         arrays["b_out"] = b_out.astype(np.float32)
         for name in (*PRODUCTS, "out"):
             arrays[f"c_{name}"] = weight_sums(arrays[f"w_{name}"])
+            if arrays[f"w_{name}"].dtype == np.float32:  # the layout the float32 products read (a copy)
+                arrays[f"w_{name}"] = pack_panels(arrays[f"w_{name}"])
         norms = [[layer.self_res.norm, layer.cross_res.norm, layer.ff_res.norm] for layer in decoder]
         arrays["norm_w"] = np.stack([[n.weight.detach().numpy() for n in ns] for ns in norms]).astype(np.float32)
         arrays["norm_b"] = np.stack([[n.bias.detach().numpy() for n in ns] for ns in norms]).astype(np.float32)

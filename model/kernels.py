@@ -36,7 +36,7 @@ from llvmlite import binding as llvm
 from llvmlite import ir
 from numba import njit, types
 from numba.core import cgutils, config
-from numba.core.extending import intrinsic
+from numba.core.extending import intrinsic, overload
 from numba.np.numpy_support import carray
 
 # Reassociation lets sums vectorise; no "nnan"/"ninf": masked attention scores are -inf.
@@ -118,6 +118,89 @@ def _dot4_u8s8(typingctx, x, x_at, w, w_at, w_stride, blocks):  # type: ignore[n
     return cast(Any, types).UniTuple(types.int32, 4)(x, x_at, w, w_at, w_stride, blocks), codegen
 
 
+PANEL = 16  # float32 weights are stored in panels of this many outputs (`pack_panels`)
+_F32 = ir.FloatType()
+_VPANEL = ir.VectorType(_F32, PANEL)
+
+
+def pack_panels(w: np.ndarray) -> np.ndarray:
+    """float32 weights (..., N, K) in the layout `_panel_rows` reads, same shape and size: outputs 16j..16j+15 as
+    one panel (K, 16), the 16 weights of each input next to each other, then the last N % 16 rows as they are.
+    Row 16j of the result starts where panel j does."""
+    *lead, N, K = w.shape
+    N16 = N - N % PANEL
+    flat = np.ascontiguousarray(w, np.float32).reshape(-1, N, K)
+    out = np.empty_like(flat)
+    body = flat[:, :N16].reshape(flat.shape[0], N16 // PANEL, PANEL, K).transpose(0, 1, 3, 2)
+    out[:, :N16] = body.reshape(flat.shape[0], N16, K)
+    out[:, N16:] = flat[:, N16:]
+    return out.reshape(*lead, N, K)
+
+
+def _panel_kernel(rows: int, panels: int) -> Any:
+    """An intrinsic: outputs of `rows` rows of x against `panels` consecutive weight panels (`pack_panels`), each
+    output the fused multiply-adds of its K terms in order, k = 0 first, so an output's number never depends on
+    the rows or panels computed beside it. Args (x, x offset, x row stride, w, w offset, K, y, y offset, y row
+    stride), offsets and strides in elements. Typed for any arrays; with other than float32 weights it does
+    nothing (a branch `_rows_f32` never takes)."""
+    def typer(typingctx, x, x_at, x_stride, w, w_at, K, y, y_at, y_stride):  # type: ignore[no-untyped-def]
+        def codegen(context, builder, signature, args):  # type: ignore[no-untyped-def]
+            if signature.args[3].dtype != types.float32:
+                return context.get_dummy_value()
+            x, x_at, xs, w, w_at, K, y, y_at, ys = args
+
+            def start(i: int, at: Any) -> Any:
+                return builder.gep(context.make_array(signature.args[i])(context, builder, args[i]).data, [at])
+
+            def times(v: Any, c: int) -> Any:
+                return builder.mul(v, ir.Constant(v.type, c))
+
+            fma = cast(Any, cgutils).get_or_insert_function(
+                builder.module, ir.FunctionType(_VPANEL, [_VPANEL] * 3), f"llvm.fma.v{PANEL}f32")
+            xp, wp, yp = start(0, x_at), start(3, w_at), start(6, y_at)
+            x_rows = [builder.gep(xp, [times(xs, r)]) for r in range(rows)]
+            w_panels = [builder.gep(wp, [times(K, PANEL * p)]) for p in range(panels)]
+            zero, undef = ir.Constant(_VPANEL, [0.0] * PANEL), ir.Constant(_VPANEL, ir.Undefined)
+            splat = ir.Constant(ir.VectorType(_I32, PANEL), [0] * PANEL)
+            accs = [[cast(Any, cgutils).alloca_once_value(builder, zero) for _ in range(panels)] for _ in range(rows)]
+            with cgutils.for_range(builder, K) as loop:
+                at = times(loop.index, PANEL)
+                ws = [builder.load(builder.bitcast(builder.gep(p, [at]), _VPANEL.as_pointer()), align=4)
+                      for p in w_panels]
+                for x_row, acc in zip(x_rows, accs, strict=True):
+                    one = builder.insert_element(undef, builder.load(builder.gep(x_row, [loop.index])),
+                                                 ir.Constant(_I32, 0))
+                    xv = builder.shuffle_vector(one, undef, splat)
+                    for wv, a in zip(ws, acc, strict=True):
+                        builder.store(builder.call(fma, [xv, wv, builder.load(a)]), a)
+            for r, acc in enumerate(accs):
+                for p, a in enumerate(acc):
+                    to = builder.add(times(ys, r), ir.Constant(ys.type, PANEL * p))
+                    builder.store(builder.load(a), builder.bitcast(builder.gep(yp, [to]), _VPANEL.as_pointer()),
+                                  align=4)
+            return context.get_dummy_value()
+        return types.void(x, x_at, x_stride, w, w_at, K, y, y_at, y_stride), codegen
+    return intrinsic(typer)
+
+
+# (rows, panels) per call: 8-12 accumulators of 16 floats, enough independent sums to keep the multiply-add units
+# busy at one row, and the weights loaded once for up to four rows (bench/panels.py measured the choice)
+_panels_4x1, _panels_3x2 = _panel_kernel(4, 1), _panel_kernel(3, 2)
+_panels_2x2, _panels_1x4 = _panel_kernel(2, 2), _panel_kernel(1, 4)
+_panels_1x2, _panels_1x1 = _panel_kernel(1, 2), _panel_kernel(1, 1)
+
+
+def _float_weights(w: Any) -> bool:
+    """Whether w holds float32 weights, known when compiling (so the other branch is never built)."""
+    return bool(w.dtype == np.float32)
+
+
+@overload(_float_weights)
+def _float_weights_compiled(w):  # type: ignore[no-untyped-def]
+    is_float = w.dtype == types.float32
+    return lambda w: is_float
+
+
 def _flag_at(context: Any, builder: Any, signature: Any, args: Any) -> Any:
     """The address of flags[i] (an int64 array and an index)."""
     data = context.make_array(signature.args[0])(context, builder, args[0]).data
@@ -182,7 +265,7 @@ def _product(x, w, scale, bias, quant, sums, act, res, y):  # type: ignore[no-un
 @njit(fastmath=FAST, nogil=True, cache=True)
 def _product_cols(x, w, scale, bias, quant, sums, act, res, y, j0, j1):  # type: ignore[no-untyped-def]  # pragma: no cover
     """`_product`'s outputs j0..j1-1 alone (y's other columns untouched). Each output is computed the same way
-    whatever the range, as long as j0 is a multiple of 4 (`_cols`): products cut by columns over threads give
+    whatever the range, as long as j0 is a multiple of 16 (`_cols`): products cut by columns over threads give
     the numbers of the whole product."""
     B, K = x.shape
     if quant[3] == 2:
@@ -199,8 +282,12 @@ def _product_cols(x, w, scale, bias, quant, sums, act, res, y, j0, j1):  # type:
 
 @njit(fastmath=FAST, nogil=True, cache=True)
 def _rows_f32(x, w, scale, bias, quant, act, y, j0, j1):  # type: ignore[no-untyped-def]  # pragma: no cover
-    """`_product_cols` in float32: float32 weights, or int8 ones without AVX2's byte products."""
+    """`_product_cols` in float32: float32 weights (packed in panels, `_panel_rows`), or int8 ones without AVX2's
+    byte products."""
     B, K = x.shape
+    if quant[3] == 0 and _float_weights(w):
+        _panel_rows(x, w, scale, bias, act, y, j0, j1)
+        return
     xs = np.empty((B, K), np.float32)
     out_scale = np.float32(1.0)
     if quant[3] != 0:
@@ -216,6 +303,75 @@ def _rows_f32(x, w, scale, bias, quant, act, y, j0, j1):  # type: ignore[no-unty
         _rows1(xs, w, scale, bias, out_scale, act, y, j0, j1)
     else:
         _rows2(xs, w, scale, bias, out_scale, act, y, j0, j1)
+
+
+@njit(fastmath=FAST, nogil=True, cache=True)
+def _panel_rows(x, w, scale, bias, act, y, j0, j1):  # type: ignore[no-untyped-def]  # pragma: no cover - compiled
+    """`_product_cols` of float32 weights packed by `pack_panels`, j0 a multiple of 16: the panels' outputs four,
+    three, two or one rows at a time (`_panel_kernel`), the last N % 16 as dot products (`_tail_rows`). Each
+    output's sum is the same whichever rows and columns are computed with it."""
+    B, K = x.shape
+    N = w.shape[0]
+    if x.strides[1] != 4:
+        x = np.ascontiguousarray(x)
+    xs, ys = x.strides[0] // 4, y.strides[0] // 4
+    end = min(j1, N - N % PANEL)
+    r = 0
+    while r < B:
+        n = min(4, B - r)
+        j = j0
+        while j < end:
+            left = (end - j) // PANEL
+            at_x, at_w, at_y = r * xs, j * K, r * ys + j
+            if n == 4:
+                _panels_4x1(x, at_x, xs, w, at_w, K, y, at_y, ys)
+                j += PANEL
+            elif n == 3 and left >= 2:
+                _panels_3x2(x, at_x, xs, w, at_w, K, y, at_y, ys)
+                j += 2 * PANEL
+            elif n >= 2 and left >= 2:
+                _panels_2x2(x, at_x, xs, w, at_w, K, y, at_y, ys)
+                j += 2 * PANEL
+            elif n >= 2:  # one panel left for two or three rows: a row at a time
+                for i in range(n):
+                    _panels_1x1(x, at_x + i * xs, xs, w, at_w, K, y, at_y + i * ys, ys)
+                j += PANEL
+            elif left >= 4:
+                _panels_1x4(x, at_x, xs, w, at_w, K, y, at_y, ys)
+                j += 4 * PANEL
+            elif left >= 2:
+                _panels_1x2(x, at_x, xs, w, at_w, K, y, at_y, ys)
+                j += 2 * PANEL
+            else:
+                _panels_1x1(x, at_x, xs, w, at_w, K, y, at_y, ys)
+                j += PANEL
+        r += n
+    _tail_rows(x, w, max(j0, end), j1, y)
+    zero = np.float32(0.0)
+    for r in range(B):  # ReLU or none in the loop itself, so that the loops vectorise (`_rows_u8`)
+        out = y[r]
+        if act == 1:
+            for j in range(j0, j1):
+                v = out[j] * scale[j] + bias[j]
+                out[j] = v if v > zero else zero
+        elif act == 0:
+            for j in range(j0, j1):
+                out[j] = out[j] * scale[j] + bias[j]
+        else:
+            for j in range(j0, j1):
+                out[j] = _act(out[j] * scale[j] + bias[j], act)
+
+
+@njit(fastmath=FAST, nogil=True, cache=True)
+def _tail_rows(x, w, j0, j1, y):  # type: ignore[no-untyped-def]  # pragma: no cover - compiled
+    """y[:, j0:j1] = the sums of x's rows against w's rows j0..j1-1 (stored as they are), one output at a time, the
+    same loop for every row."""
+    for r in range(x.shape[0]):
+        for j in range(j0, j1):
+            a = np.float32(0.0)
+            for k in range(x.shape[1]):
+                a += x[r, k] * w[j, k]
+            y[r, j] = a
 
 
 @njit(fastmath=FAST, nogil=True, cache=True)
@@ -620,13 +776,14 @@ def _attend_packed_units(qkv, starts, ns, H, out, u0, u1):  # type: ignore[no-un
 
 @njit(nogil=True, cache=True)
 def _cols(n, part, parts):  # type: ignore[no-untyped-def]  # pragma: no cover - compiled
-    """Part `part` of `parts` of n columns (or attention units), as (start, end): starts on multiples of 4, so that
-    each product output is computed as in the whole product (`_product_cols`)."""
+    """Part `part` of `parts` of n columns (or attention units), as (start, end): starts on multiples of 16 (a
+    float32 panel, `pack_panels`), so that each product output is computed as in the whole product
+    (`_product_cols`)."""
     if parts == 1:
         return 0, n
-    blocks = n // 4
-    j0 = 4 * (blocks * part // parts)
-    j1 = n if part == parts - 1 else 4 * (blocks * (part + 1) // parts)
+    blocks = n // PANEL
+    j0 = PANEL * (blocks * part // parts)
+    j1 = n if part == parts - 1 else PANEL * (blocks * (part + 1) // parts)
     return j0, j1
 
 

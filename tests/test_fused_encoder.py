@@ -13,7 +13,7 @@ from model.fused_encoder import FusedEncoder  # noqa: E402
 from tests.test_fused_step import nets  # noqa: E402
 
 SHORT = [[5, 9, 14, 22, 7, 2], [30, 2], [40, 41, 42, 2]]
-LONG = [list(range(10, 40)) + [2], list(range(50, 77)) + [2]]  # longer than MAX_TOKENS
+LONG = [list(range(10, 40)) + [2], list(range(50, 77)) + [2]]  # longer than the limits the tests set (`max_tokens`)
 
 
 def encode(net: FrozenTransformer, sources: list[list[int]]) -> list[torch.Tensor]:
@@ -43,6 +43,8 @@ def taken(monkeypatch: pytest.MonkeyPatch) -> list[int]:
 def test_fused_encoder_equals_the_operator_encoder_in_float32(norm: str, activation: str, taken: list[int]) -> None:
     fused, plain = nets("float32", norm=norm, activation=activation)
     assert fused.fused_encoder is not None and fused.fused_encoder.ready() and plain.fused_encoder is None
+    assert fused.fused_encoder.max_tokens == fused.cfg.max_positions  # every sentence, unless told otherwise
+    fused.fused_encoder.max_tokens = 24
     sources = [SHORT[0], LONG[0], SHORT[1], SHORT[2], LONG[1]]
     for a, b in zip(encode(fused, sources), encode(plain, sources), strict=True):
         assert (a - b).abs().max() <= 1e-5 * b.abs().max()
@@ -58,12 +60,14 @@ def test_fused_int8_encoder_is_close_to_fbgemms(taken: list[int]) -> None:
     assert sorted(taken) == sorted(len(s) for s in SHORT)
 
 
-def test_an_int8_sentence_encodes_bit_for_bit_the_same_alone_and_in_any_admission(taken: list[int]) -> None:
+@pytest.mark.parametrize("dtype", ["float32", "int8"])
+def test_a_sentence_encodes_bit_for_bit_the_same_alone_and_in_any_admission(dtype: str, taken: list[int]) -> None:
     """Short sentences go the fused way and long ones the operator way whatever shares their admission; int8 sums
-    are exact integers in any order, and the rest of a token's arithmetic is its own."""
-    fused, _ = nets("int8", norm="pre", activation="relu")
+    are exact integers in any order, float32 ones are summed in order (`model.kernels._panel_rows`), and the rest
+    of a token's arithmetic is its own."""
+    fused, _ = nets(dtype, norm="pre", activation="relu")
     assert fused.fused_encoder is not None
-    fused.fused_encoder.max_tokens = limit = 8  # (with AVX2 every int8 sentence is the fused encoder's)
+    fused.fused_encoder.max_tokens = limit = 8  # (by default every sentence is the fused encoder's)
     short = [s for s in SHORT if len(s) <= limit]
     assert short and all(len(s) > limit for s in LONG)
     mixed = [LONG[0], *short, LONG[1]]

@@ -19,7 +19,17 @@ from model.decode import DecodeBatch  # noqa: E402
 from model.frozen import FrozenTransformer, freeze  # noqa: E402
 from model.fused_step import FusedStep, _weights  # noqa: E402
 from model.generation import GenerationConfig  # noqa: E402
-from model.kernels import GO, HELPER_SLOTS, INT8_DOT, _product, _rows1, _rows2, weight_sums  # noqa: E402
+from model.kernels import (  # noqa: E402
+    GO,
+    HELPER_SLOTS,
+    INT8_DOT,
+    _product,
+    _product_cols,
+    _rows1,
+    _rows2,
+    pack_panels,
+    weight_sums,
+)
 from model.projection import Projection  # noqa: E402
 from model.search import generate  # noqa: E402
 from tests.test_int8_ranges import quantized  # noqa: E402
@@ -84,9 +94,11 @@ def test_fused_greedy_and_beam_give_the_operator_steps_tokens(dtype: str) -> Non
         assert [h[0].tokens for h in a] == [h[0].tokens for h in b]
 
 
-def test_an_int8_row_is_the_same_alone_and_in_any_batch() -> None:
-    """int8 sums are exact integers in any order, and each row's other arithmetic is its own: bit for bit equal."""
-    fused, _ = nets("int8", norm="pre", activation="relu")
+@pytest.mark.parametrize("dtype", ["float32", "int8"])
+def test_a_row_is_the_same_alone_and_in_any_batch(dtype: str) -> None:
+    """int8 sums are exact integers in any order, float32 ones are summed in order whatever the rows beside them
+    (`model.kernels._panel_rows`), and each row's other arithmetic is its own: bit for bit equal."""
+    fused, _ = nets(dtype, norm="pre", activation="relu")
     config = GenerationConfig(max_new_tokens=12)
     with torch.inference_mode():
         together = generate(fused, SOURCES, config, max_rows=8)
@@ -161,6 +173,33 @@ def test_a_one_row_step_in_parts_equals_it_in_one_run(monkeypatch: pytest.Monkey
         torch.set_num_threads(threads)
     assert fused.hot is not None and fused.hot.control[GO] > 0
     assert results[0] == results[1]
+
+
+@pytest.mark.parametrize(("outputs", "act"), [(100, 0), (64, 1), (37, 2)])
+def test_a_float32_product_in_panels_is_each_rows_own(outputs: int, act: int) -> None:
+    """float32 weights packed in panels (`pack_panels`; 100 and 37 outputs leave rows outside any panel): the
+    product equals float64's within float32 rounding, and each output is bit for bit the same whichever rows share
+    the call and however the columns are cut (in multiples of 16, as `_cols` cuts them over threads)."""
+    rng = np.random.default_rng(outputs)
+    w = rng.normal(0, 1, (outputs, 48)).astype(np.float32)
+    bias = rng.normal(0, 1, outputs).astype(np.float32)
+    x = rng.normal(0, 1, (9, 48)).astype(np.float32)
+    packed, ones, off, none = pack_panels(w), np.ones(outputs, np.float32), np.zeros(4, np.float32), np.empty((0, 0))
+    assert not np.array_equal(packed, w) and np.array_equal(np.sort(packed, None), np.sort(w, None))
+
+    def product(rows: np.ndarray, j0: int = 0, j1: int = outputs) -> np.ndarray:
+        y = np.zeros((rows.shape[0], outputs), np.float32)
+        _product_cols(rows, packed, ones, bias, off, weight_sums(w), act, none.astype(np.float32), y, j0, j1)
+        return y
+
+    whole = product(x)
+    sums = x.astype(np.float64) @ w.T.astype(np.float64) + bias
+    expected = {0: sums, 1: np.maximum(sums, 0), 2: 0.5 * sums * (1 + np.vectorize(math.erf)(sums / math.sqrt(2)))}
+    assert np.abs(whole - expected[act]).max() <= 1e-5 * np.abs(expected[act]).max()
+    for rows in ([4], [0, 1], [2, 3, 5], [8, 7, 6, 5, 4], list(range(9))):
+        assert np.array_equal(product(x[rows]), whole[rows])
+    cut = np.concatenate([product(x, 0, 16)[:, :16], product(x, 16, outputs)[:, 16:]], axis=1)
+    assert np.array_equal(cut, whole)
 
 
 @pytest.mark.parametrize(("inputs", "terms"), [(64, 48), (1024, 256)])
