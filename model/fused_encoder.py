@@ -32,7 +32,7 @@ from torch import Tensor
 from torch.ao.nn.quantized.dynamic import Linear as QuantizedLinear
 
 from model.fused_step import MAX_WEIGHT_BYTES, _weights, at_once, input_ranges
-from model.kernels import ACTIVATIONS, INT8_DOT, encode_parts, encoder_shared_size, pack_panels, weight_sums
+from model.kernels import ACTIVATIONS, INT8_DOT, encode_parts, encoder_shared_size, pack_weights, weight_sums
 from model.kernels import encode as _encode
 
 if TYPE_CHECKING:
@@ -87,8 +87,7 @@ class FusedEncoder:
         arrays["w_kv"], arrays["s_kv"], arrays["b_kv"] = kv
         for name in (*PRODUCTS, "kv"):
             arrays[f"c_{name}"] = weight_sums(arrays[f"w_{name}"])
-            if arrays[f"w_{name}"].dtype == np.float32:  # the layout the float32 products read (a copy)
-                arrays[f"w_{name}"] = pack_panels(arrays[f"w_{name}"])
+            arrays[f"w_{name}"] = pack_weights(arrays[f"w_{name}"])  # as the products read them
         norms = [[layer.self_res.norm, layer.ff_res.norm] for layer in encoder]
         arrays["norm_w"] = np.stack([[n.weight.detach().numpy() for n in ns] for ns in norms]).astype(np.float32)
         arrays["norm_b"] = np.stack([[n.bias.detach().numpy() for n in ns] for ns in norms]).astype(np.float32)

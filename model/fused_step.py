@@ -41,7 +41,7 @@ from model.kernels import (
     PER_HELPER,
     STOP,
     choose_greedy,
-    pack_panels,
+    pack_weights,
     post,
     post_step,
     quantize_rows,
@@ -287,8 +287,7 @@ class FusedStep:
         arrays["b_out"] = b_out.astype(np.float32)
         for name in (*PRODUCTS, "out"):
             arrays[f"c_{name}"] = weight_sums(arrays[f"w_{name}"])
-            if arrays[f"w_{name}"].dtype == np.float32:  # the layout the float32 products read (a copy)
-                arrays[f"w_{name}"] = pack_panels(arrays[f"w_{name}"])
+            arrays[f"w_{name}"] = pack_weights(arrays[f"w_{name}"])  # as the products read them
         norms = [[layer.self_res.norm, layer.cross_res.norm, layer.ff_res.norm] for layer in decoder]
         arrays["norm_w"] = np.stack([[n.weight.detach().numpy() for n in ns] for ns in norms]).astype(np.float32)
         arrays["norm_b"] = np.stack([[n.bias.detach().numpy() for n in ns] for ns in norms]).astype(np.float32)

@@ -45,19 +45,22 @@ ACTIVATIONS = {None: 0, "relu": 1, "gelu": 2, "swish": 3}
 EXACT_SUM_TERMS = 1024  # int8 sums of at most this many terms are exact in float32 (127 * 128 * 1024 < 2^24)
 
 
-def _compiles_avx2() -> bool:
-    """Whether numba compiles for a CPU with AVX2: its host, unless NUMBA_CPU_NAME or NUMBA_CPU_FEATURES say
-    otherwise (a portable cache)."""
+def _compiles_for(*wanted: str) -> bool:
+    """Whether numba compiles for a CPU with these x86 features: its host, unless NUMBA_CPU_NAME or
+    NUMBA_CPU_FEATURES say otherwise (a portable cache)."""
     if platform.machine().lower() not in ("x86_64", "amd64"):
         return False
     features, name = getattr(config, "CPU_FEATURES", None), getattr(config, "CPU_NAME", None)
     if features is not None:
-        return "+avx2" in str(features).split(",")
-    return name in (None, "host") and bool(llvm.get_host_cpu_features().get("avx2", False))
+        return all(f"+{feature}" in str(features).split(",") for feature in wanted)
+    host = llvm.get_host_cpu_features()
+    return name in (None, "host") and all(bool(host.get(feature, False)) for feature in wanted)
 
 
-# int8 products with fixed input ranges go through `_dot_u8s8` where the CPU has AVX2 (their K a multiple of 32)
-INT8_DOT = _compiles_avx2()
+# int8 products with fixed input ranges go through AVX2's byte products where the CPU has AVX2 (their K a multiple
+# of 32), and through VNNI's (`vpdpbusd`: the same sums in one instruction) where it has AVX-512 VNNI as well
+INT8_DOT = _compiles_for("avx2")
+INT8_VNNI = INT8_DOT and _compiles_for("avx512vnni", "avx512vl")
 _I8, _I16, _I32 = ir.IntType(8), ir.IntType(16), ir.IntType(32)
 _V32I8, _V16I16, _V8I32 = ir.VectorType(_I8, 32), ir.VectorType(_I16, 16), ir.VectorType(_I32, 8)
 
@@ -107,15 +110,6 @@ def _dot_u8s8(typingctx, x, x_at, w, w_at, blocks):  # type: ignore[no-untyped-d
         x, x_at, w, w_at, blocks = args  # one row: any stride will do
         return _emit_dots(context, builder, signature, [x, x_at, w, w_at, blocks, blocks], 1)[0]
     return types.int32(x, x_at, w, w_at, blocks), codegen
-
-
-@intrinsic
-def _dot4_u8s8(typingctx, x, x_at, w, w_at, w_stride, blocks):  # type: ignore[no-untyped-def]  # pragma: no cover
-    """`_dot_u8s8` of x against four rows of w (w_at, w_at + w_stride, ...): each block of x is loaded once for the
-    four. Returns the four sums."""
-    def codegen(context, builder, signature, args):  # type: ignore[no-untyped-def]
-        return context.make_tuple(builder, signature.return_type, _emit_dots(context, builder, signature, args, 4))
-    return cast(Any, types).UniTuple(types.int32, 4)(x, x_at, w, w_at, w_stride, blocks), codegen
 
 
 PANEL = 16  # float32 weights are stored in panels of this many outputs (`pack_panels`)
@@ -181,6 +175,99 @@ def _panel_kernel(rows: int, panels: int) -> Any:
             return context.get_dummy_value()
         return types.void(x, x_at, x_stride, w, w_at, K, y, y_at, y_stride), codegen
     return intrinsic(typer)
+
+
+BYTE_PANEL = 8  # int8 weights (with AVX2) in panels of this many outputs, four inputs of each together
+
+
+def pack_byte_panels(w: np.ndarray) -> np.ndarray:
+    """int8 weights (..., N, K), K a multiple of 4, in the layout `_byte_dots_cols` reads, same shape and size:
+    outputs 8j..8j+7 as one panel of K / 4 groups of 32 bytes (four inputs of output 8j, then of 8j + 1, ...), then
+    the last N % 8 rows as they are. Row 8j of the result starts where panel j does."""
+    *lead, N, K = w.shape
+    N8 = N - N % BYTE_PANEL
+    flat = np.ascontiguousarray(w).reshape(-1, N, K)
+    out = np.empty_like(flat)
+    body = flat[:, :N8].reshape(flat.shape[0], N8 // BYTE_PANEL, BYTE_PANEL, K // 4, 4).transpose(0, 1, 3, 2, 4)
+    out[:, :N8] = body.reshape(flat.shape[0], N8, K)
+    out[:, N8:] = flat[:, N8:]
+    return out.reshape(*lead, N, K)
+
+
+def pack_weights(w: np.ndarray) -> np.ndarray:
+    """A fused product's weights (..., N, K) as `_product` reads them: float32 in panels (`pack_panels`), int8 in
+    byte panels where the byte products take them (`pack_byte_panels`), else as they are."""
+    if w.dtype == np.float32:
+        return pack_panels(w)
+    if INT8_DOT and w.shape[-1] % 32 == 0:
+        return pack_byte_panels(w)
+    return w
+
+
+def _byte_panel_kernel(rows: int, panels: int) -> Any:
+    """An intrinsic: the exact int32 sums of `rows` rows of bytes xq (0..127) against `panels` consecutive byte
+    panels (`pack_byte_panels`), four inputs at a time: VNNI's `vpdpbusd`, or AVX2's `vpmaddubsw` (pairs of
+    products into 16 bits, which 7-bit inputs cannot saturate) and `vpmaddwd` with ones. Integer sums, so the same
+    numbers as the dot products of `_dot_u8s8` in any order. Args (xq, x offset, x row stride, w, w offset, groups
+    of four inputs, dots, dots offset, dots row stride), offsets and strides in elements. Typed for any arrays;
+    without AVX2, or with other than int8 weights, it does nothing (a branch never taken)."""
+    def typer(typingctx, x, x_at, x_stride, w, w_at, groups, y, y_at, y_stride):  # type: ignore[no-untyped-def]
+        def codegen(context, builder, signature, args):  # type: ignore[no-untyped-def]
+            if not INT8_DOT or signature.args[3].dtype.bitwidth != 8 or signature.args[0].dtype.bitwidth != 8:
+                return context.get_dummy_value()
+            G, ys = args[5], args[8]
+
+            def start(i: int, at: Any) -> Any:
+                data = context.make_array(signature.args[i])(context, builder, args[i]).data
+                return builder.gep(data, [at])
+
+            def times(v: Any, c: int) -> Any:
+                return builder.mul(v, ir.Constant(v.type, c))
+
+            def declare(name: str, ret: Any, *params: Any) -> Any:
+                return cast(Any, cgutils).get_or_insert_function(builder.module, ir.FunctionType(ret, params), name)
+
+            xp = builder.bitcast(start(0, args[1]), _I8.as_pointer())
+            wp = builder.bitcast(start(3, args[4]), _I8.as_pointer())
+            yp = start(6, args[7])
+            x_rows = [builder.gep(xp, [times(args[2], r)]) for r in range(rows)]
+            w_panels = [builder.gep(wp, [times(G, 32 * p)]) for p in range(panels)]
+            zero, undef = ir.Constant(_V8I32, [0] * 8), ir.Constant(_V8I32, ir.Undefined)
+            splat = ir.Constant(_V8I32, [0] * 8)
+            ones = ir.Constant(_V16I16, [1] * 16)
+            if INT8_VNNI:
+                dpbusd = declare("llvm.x86.avx512.vpdpbusd.256", _V8I32, _V8I32, _V8I32, _V8I32)
+            else:
+                ubsw = declare("llvm.x86.avx2.pmadd.ub.sw", _V16I16, _V32I8, _V32I8)
+                wd = declare("llvm.x86.avx2.pmadd.wd", _V8I32, _V16I16, _V16I16)
+            accs = [[cast(Any, cgutils).alloca_once_value(builder, zero) for _ in range(panels)] for _ in range(rows)]
+            with cgutils.for_range(builder, G) as loop:
+                ws = [builder.load(builder.bitcast(builder.gep(p, [times(loop.index, 32)]), _V8I32.as_pointer()),
+                                   align=1) for p in w_panels]
+                for x_row, acc in zip(x_rows, accs, strict=True):
+                    four = builder.load(builder.bitcast(builder.gep(x_row, [times(loop.index, 4)]),
+                                                        _I32.as_pointer()), align=1)
+                    xv = builder.shuffle_vector(builder.insert_element(undef, four, ir.Constant(_I32, 0)), undef,
+                                                splat)
+                    for wv, a in zip(ws, acc, strict=True):
+                        if INT8_VNNI:
+                            builder.store(builder.call(dpbusd, [builder.load(a), xv, wv]), a)
+                        else:
+                            pairs = builder.call(ubsw, [builder.bitcast(xv, _V32I8), builder.bitcast(wv, _V32I8)])
+                            builder.store(builder.add(builder.load(a), builder.call(wd, [pairs, ones])), a)
+            for r, acc in enumerate(accs):
+                for p, a in enumerate(acc):
+                    to = builder.add(times(ys, r), ir.Constant(ys.type, BYTE_PANEL * p))
+                    builder.store(builder.load(a), builder.bitcast(builder.gep(yp, [to]), _V8I32.as_pointer()),
+                                  align=4)
+            return context.get_dummy_value()
+        return types.void(x, x_at, x_stride, w, w_at, groups, y, y_at, y_stride), codegen
+    return intrinsic(typer)
+
+
+_bytes_4x2, _bytes_3x2 = _byte_panel_kernel(4, 2), _byte_panel_kernel(3, 2)
+_bytes_2x2, _bytes_1x4 = _byte_panel_kernel(2, 2), _byte_panel_kernel(1, 4)
+_bytes_1x2, _bytes_1x1 = _byte_panel_kernel(1, 2), _byte_panel_kernel(1, 1)
 
 
 # (rows, panels) per call: 8-12 accumulators of 16 floats, enough independent sums to keep the multiply-add units
@@ -408,25 +495,52 @@ def _rows_u8(x, w, scale, bias, quant, sums, act, y, j0, j1):  # type: ignore[no
 
 @njit(nogil=True, cache=True)
 def _byte_dots(xq, w, dots):  # type: ignore[no-untyped-def]  # pragma: no cover - compiled
-    """dots (B, N) int32 = xq (B, K) uint8 . w (N, K) int8 through AVX2's byte products (K a multiple of 32): exact
-    for inputs of at most 7 bits (0..127), whose pairs of products cannot saturate."""
+    """dots (B, N) int32 = xq (B, K) uint8 . w (N, K) int8 (packed by `pack_byte_panels`) through the byte products
+    (K a multiple of 32): exact for inputs of at most 7 bits (0..127), whose pairs of products cannot saturate."""
     _byte_dots_cols(xq, w, dots, 0, w.shape[0])
 
 
 @njit(nogil=True, cache=True)
 def _byte_dots_cols(xq, w, dots, j0, j1):  # type: ignore[no-untyped-def]  # pragma: no cover - compiled
-    """`_byte_dots`' columns j0..j1-1."""
+    """`_byte_dots`' columns j0..j1-1 (j0 a multiple of 8), w packed by `pack_byte_panels`: the panels' sums four,
+    three, two or one rows at a time (`_byte_panel_kernel`), the last N % 8 rows' by `_dot_u8s8`."""
     B, K = xq.shape
-    blocks = K // 32
-    stride = w.strides[0]
-    N4 = j1 - (j1 - j0) % 4
-    for j in range(j0, N4, 4):  # four weight rows at a time, every input row against them while they are in cache
+    G = K // 4
+    N, ys = w.shape[0], dots.strides[0] // 4
+    end = min(j1, N - N % BYTE_PANEL)
+    r = 0
+    while r < B:
+        n = min(4, B - r)
+        j = j0
+        while j < end:
+            left = (end - j) // BYTE_PANEL
+            at_x, at_w, at_y = r * K, j * K, r * ys + j
+            if n >= 3 and left >= 2:
+                if n == 4:
+                    _bytes_4x2(xq, at_x, K, w, at_w, G, dots, at_y, ys)
+                else:
+                    _bytes_3x2(xq, at_x, K, w, at_w, G, dots, at_y, ys)
+                j += 2 * BYTE_PANEL
+            elif n >= 2 and left >= 2:
+                _bytes_2x2(xq, at_x, K, w, at_w, G, dots, at_y, ys)
+                j += 2 * BYTE_PANEL
+            elif n >= 2:  # one panel left for two to four rows: a row at a time
+                for i in range(n):
+                    _bytes_1x1(xq, at_x + i * K, K, w, at_w, G, dots, at_y + i * ys, ys)
+                j += BYTE_PANEL
+            elif left >= 4:
+                _bytes_1x4(xq, at_x, K, w, at_w, G, dots, at_y, ys)
+                j += 4 * BYTE_PANEL
+            elif left >= 2:
+                _bytes_1x2(xq, at_x, K, w, at_w, G, dots, at_y, ys)
+                j += 2 * BYTE_PANEL
+            else:
+                _bytes_1x1(xq, at_x, K, w, at_w, G, dots, at_y, ys)
+                j += BYTE_PANEL
+        r += n
+    for j in range(max(j0, end), j1):
         for r in range(B):
-            four = _dot4_u8s8(xq, r * K, w, j * stride, stride, blocks)  # type: ignore[call-arg, var-annotated]
-            dots[r, j], dots[r, j + 1], dots[r, j + 2], dots[r, j + 3] = four
-    for j in range(N4, j1):
-        for r in range(B):
-            dots[r, j] = _dot_u8s8(xq, r * K, w, j * stride, blocks)  # type: ignore[call-arg]
+            dots[r, j] = _dot_u8s8(xq, r * K, w, j * K, K // 32)  # type: ignore[call-arg]
 
 
 @njit(nogil=True, cache=True)

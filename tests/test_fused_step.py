@@ -28,6 +28,7 @@ from model.kernels import (  # noqa: E402
     _rows1,
     _rows2,
     pack_panels,
+    pack_weights,
     weight_sums,
 )
 from model.projection import Projection  # noqa: E402
@@ -215,7 +216,8 @@ def test_int8_product_equals_fbgemm_with_a_fixed_range(inputs: int, terms: int) 
     scale, zero_point = reference.static
     y = np.empty((5, terms), np.float32)
     quant = np.array([1 / scale, scale, zero_point, 1], np.float32)
-    _product(x.numpy(), *got, quant, weight_sums(got[0]), 0, np.empty((0, 0), np.float32), y)
+    w, scale, bias = got
+    _product(x.numpy(), pack_weights(w), scale, bias, quant, weight_sums(w), 0, np.empty((0, 0), np.float32), y)
     expected = reference(x)
     assert (torch.from_numpy(y) - expected).abs().max() <= 1e-6 * expected.abs().max()
 
@@ -235,7 +237,7 @@ def test_int8_byte_products_give_the_exact_sums_of_the_float_way(rows: int, inpu
         lo = -zero_point / quant[0]  # inputs within it (the range `Projection.set_range` measures), none saturating
         x = rng.uniform(lo, lo + 8, (rows, inputs)).astype(np.float32)
         y = np.empty((rows, outputs), np.float32)
-        _product(x, w, scale, bias, quant, weight_sums(w), 1, np.empty((0, 0), np.float32), y)
+        _product(x, pack_weights(w), scale, bias, quant, weight_sums(w), 1, np.empty((0, 0), np.float32), y)
         q = np.clip(np.round(x * quant[0]) + zero_point, 0, 255).astype(np.float32) - zero_point
         expected = np.empty_like(y)
         # ReLU, as act=1 above

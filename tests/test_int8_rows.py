@@ -13,7 +13,16 @@ pytest.importorskip("numba", reason="int8 with a scale per row runs numba's prod
 
 from model import checkpoint  # noqa: E402
 from model.generation import GenerationConfig  # noqa: E402
-from model.kernels import INT8_DOT, _byte_dots, _int_dots, _product, quantize_rows, weight_sums  # noqa: E402
+from model.kernels import (  # noqa: E402
+    INT8_DOT,
+    _byte_dots,
+    _int_dots,
+    _product,
+    pack_byte_panels,
+    pack_weights,
+    quantize_rows,
+    weight_sums,
+)
 from model.projection import Int8Table, Rows8  # noqa: E402
 from model.search import generate  # noqa: E402
 from tests.test_int8_ranges import MIXED  # noqa: E402
@@ -34,7 +43,7 @@ def written_out(x: np.ndarray, w: np.ndarray, bias: np.ndarray) -> np.ndarray:
 def fused_product(x: np.ndarray, w: np.ndarray, bias: np.ndarray, act: int = 0) -> np.ndarray:
     q, scale = quantize_rows(w)
     y = np.empty((x.shape[0], w.shape[0]), np.float32)
-    _product(x, q, scale, bias, Rows8.QUANT, weight_sums(q), act, np.empty((0, 0), np.float32), y)
+    _product(x, pack_weights(q), scale, bias, Rows8.QUANT, weight_sums(q), act, np.empty((0, 0), np.float32), y)
     return y
 
 
@@ -59,16 +68,25 @@ def test_the_fused_and_the_operator_product_are_one_arithmetic(rows: int, inputs
 
 
 @pytest.mark.skipif(not INT8_DOT, reason="AVX2's byte products are used only where numba compiles for AVX2")
-def test_byte_products_of_7_bit_inputs_are_exact() -> None:
-    rng = np.random.default_rng(5)
-    xq = rng.integers(0, 128, (7, 96)).astype(np.uint8)
-    w = rng.integers(-127, 128, (13, 96)).astype(np.int8)
-    xq[0], w[0], w[1] = 127, 127, -127  # the largest pairs of products: 2 * 127 * 127, still within int16
-    avx2, plain = np.empty((7, 13), np.int32), np.empty((7, 13), np.int32)
-    _byte_dots(xq, w, avx2)
+@pytest.mark.parametrize(("rows", "outputs"), [(7, 13), (1, 40), (2, 8), (3, 24), (5, 3)])
+def test_byte_products_of_7_bit_inputs_are_exact(rows: int, outputs: int) -> None:
+    """Byte panels of 8 outputs (`pack_byte_panels`), taken four, three, two or one rows and one, two or four
+    panels at a time, and the rows outside any panel: exact sums, whatever the rows and columns beside them."""
+    rng = np.random.default_rng(rows * outputs)
+    xq = rng.integers(0, 128, (rows, 96)).astype(np.uint8)
+    w = rng.integers(-127, 128, (outputs, 96)).astype(np.int8)
+    xq[0], w[0], w[-1] = 127, 127, -127  # the largest pairs of products: 2 * 127 * 127, still within int16
+    packed = pack_byte_panels(w)
+    assert outputs < 8 or not np.array_equal(packed, w)
+    avx2, plain = np.empty((rows, outputs), np.int32), np.empty((rows, outputs), np.int32)
+    _byte_dots(xq, packed, avx2)
     _int_dots(xq, w, plain, 0, w.shape[0])
     assert np.array_equal(avx2, plain)
     assert np.array_equal(plain, xq.astype(np.int64) @ w.astype(np.int64).T)
+    for r in range(rows):  # each row alone
+        alone = np.empty((1, outputs), np.int32)
+        _byte_dots(xq[r:r + 1].copy(), packed, alone)
+        assert np.array_equal(alone[0], plain[r])
 
 
 def test_int8_without_ranges_takes_a_scale_per_row(tiny_model_dir: Path) -> None:
