@@ -6,18 +6,19 @@ model/fused_step.py and model/fused_encoder.py prepare their arguments and call 
 All of it lives in this one file on purpose: numba's on-disk cache checks only the source file of the function it
 compiled, so a compiled `step` would keep an old copy of a product edited in another file.
 
-Products are the same as the frozen network's:
-- float32: the weights as they are;
+Products are the same as the frozen network's, their weights packed once into panels (`pack_weights`) that
+register-blocked kernels read, up to four rows sharing each weight load (`_panel_kernel`, `_byte_panel_kernel`:
+LLVM IR emitted here through numba intrinsics):
+- float32: the same weights, each output's sum its fused multiply-adds in input order, whatever rows share the call;
 - int8: the same int8 weights and the same fixed input ranges (`model.calibrate`) as fbgemm's product. The input
   is quantized to 7 bits and each output is an exact integer sum, then scaled as fbgemm does. Where numba compiles
-  for AVX2 (`INT8_DOT`) the sums are AVX2's byte products, as in fbgemm (`_dot_u8s8`, an LLVM intrinsic emitted
-  here); elsewhere they are computed in float32 (products of at most 127 x 128 summed over at most 1,024 terms stay
-  below 2^24, where float32 holds every integer). The same integers either way;
+  for AVX2 (`INT8_DOT`) the sums are byte products, as in fbgemm: VNNI's `vpdpbusd` with AVX-512 VNNI
+  (`INT8_VNNI`), else AVX2's `vpmaddubsw`; elsewhere they are computed in float32 (products of at most 127 x 128
+  summed over at most 1,024 terms stay below 2^24, where float32 holds every integer). The same integers any way;
 - int8 with a scale per input row (`model.projection.Rows8`, models without fixed ranges): 7 bits per row around
   its own largest value, exact sums (`_rows_own`), bit for bit as `Rows8` computes them through fbgemm.
 
-The compiled functions themselves are in this one file; the IR of the byte products (`_emit_dots`) too, for the
-same reason. Each call runs on its calling thread. A step or an encoding may be cut in parts, one call per thread at
+The compiled functions themselves are in this one file; the IR of the products too, for the same reason. Each call runs on its calling thread. A step or an encoding may be cut in parts, one call per thread at
 once: each computes its share of every product's outputs and of the attention's heads, and the parts meet after each
 (`_sync`: spinning on int64 flags, stored with release and loaded with acquire through LLVM's atomics). Helper threads
 take their parts of steps from a control block of addresses and sizes (`step_worker`), so that no step waits for a
