@@ -18,12 +18,13 @@ LLVM IR emitted here through numba intrinsics):
 - int8 with a scale per input row (`model.projection.Rows8`, models without fixed ranges): 7 bits per row around
   its own largest value, exact sums (`_rows_own`), bit for bit as `Rows8` computes them through fbgemm.
 
-The compiled functions themselves are in this one file; the IR of the products too, for the same reason. Each call runs on its calling thread. A step or an encoding may be cut in parts, one call per thread at
-once: each computes its share of every product's outputs and of the attention's heads, and the parts meet after each
-(`_sync`: spinning on int64 flags, stored with release and loaded with acquire through LLVM's atomics). Helper threads
-take their parts of steps from a control block of addresses and sizes (`step_worker`), so that no step waits for a
-sleeping thread to wake. (Products cut over threads with numba's parallel=True were tried and removed: cached
-functions that call parallel ones can crash when loaded from numba's cache; docs/benchmarks.md.)
+The compiled functions themselves are in this one file; the IR of the products too, for the same reason. Each call
+runs on its calling thread. A step or an encoding may be cut in parts, one call per thread at once: each computes
+its share of every product's outputs and of the attention's heads, and the parts meet after each (`_sync`: spinning
+on int64 flags, stored with release and loaded with acquire through LLVM's atomics). Helper threads take their parts
+of steps from a control block of addresses and sizes (`step_worker`), so that no step waits for a sleeping thread to
+wake. (Products cut over threads with numba's parallel=True were tried and removed: cached functions that call
+parallel ones can crash when loaded from numba's cache; docs/benchmarks.md.)
 """
 
 from __future__ import annotations
