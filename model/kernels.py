@@ -67,14 +67,14 @@ _I8, _I16, _I32 = ir.IntType(8), ir.IntType(16), ir.IntType(32)
 _V32I8, _V16I16, _V8I32 = ir.VectorType(_I8, 32), ir.VectorType(_I16, 16), ir.VectorType(_I32, 8)
 
 
-def _emit_dots(context: Any, builder: Any, signature: Any, args: Any, count: int) -> list[Any]:
-    """The IR of `count` byte dot products of x against consecutive rows of w, the blocks of x loaded once for all:
-    args (x, x offset, w, w offset, w row stride, blocks), offsets in bytes from each array's data."""
-    x, x_at, w, w_at, stride, blocks = args
+def _emit_dot(context: Any, builder: Any, signature: Any, args: Any) -> Any:
+    """The IR of one byte dot product: args (x, x offset, w, w offset, blocks of 32), offsets in bytes from each
+    array's data."""
+    x, x_at, w, w_at, blocks = args
     if not INT8_DOT or signature.args[0].dtype.bitwidth != 8 or signature.args[2].dtype.bitwidth != 8:
         # float weights, or a CPU without AVX2 (an ARM one has no such instructions at all): a branch `_product`
         # never takes, compiled without them
-        return [ir.Constant(_I32, 0)] * count
+        return ir.Constant(_I32, 0)
 
     def declare(name: str, ret: Any, *params: Any) -> Any:
         return cast(Any, cgutils).get_or_insert_function(builder.module, ir.FunctionType(ret, params), name)
@@ -87,18 +87,16 @@ def _emit_dots(context: Any, builder: Any, signature: Any, args: Any, count: int
         return builder.gep(builder.bitcast(context.make_array(aty)(context, builder, array).data, _I8.as_pointer()),
                            [at])
 
-    xp, w0 = start(x, signature.args[0], x_at), start(w, signature.args[2], w_at)
-    wps = [builder.gep(w0, [builder.mul(stride, ir.Constant(stride.type, c))]) for c in range(count)]
+    xp, wp = start(x, signature.args[0], x_at), start(w, signature.args[2], w_at)
     ones = ir.Constant(_V16I16, [1] * 16)
-    accs = [cast(Any, cgutils).alloca_once_value(builder, ir.Constant(_V8I32, [0] * 8)) for _ in range(count)]
+    acc = cast(Any, cgutils).alloca_once_value(builder, ir.Constant(_V8I32, [0] * 8))
     with cgutils.for_range(builder, blocks) as loop:
         at = builder.mul(loop.index, ir.Constant(loop.index.type, 32))
         xv = builder.load(builder.bitcast(builder.gep(xp, [at]), _V32I8.as_pointer()), align=1)
-        for wp, acc in zip(wps, accs, strict=True):
-            wv = builder.load(builder.bitcast(builder.gep(wp, [at]), _V32I8.as_pointer()), align=1)
-            pairs = builder.call(ubsw, [xv, wv])  # 32 products added in pairs into 16 bits, saturating
-            builder.store(builder.add(builder.load(acc), builder.call(wd, [pairs, ones])), acc)
-    return [builder.call(reduce, [builder.load(acc)]) for acc in accs]
+        wv = builder.load(builder.bitcast(builder.gep(wp, [at]), _V32I8.as_pointer()), align=1)
+        pairs = builder.call(ubsw, [xv, wv])  # 32 products added in pairs into 16 bits, saturating
+        builder.store(builder.add(builder.load(acc), builder.call(wd, [pairs, ones])), acc)
+    return builder.call(reduce, [builder.load(acc)])
 
 
 @intrinsic
@@ -109,8 +107,7 @@ def _dot_u8s8(typingctx, x, x_at, w, w_at, blocks):  # type: ignore[no-untyped-d
     int8 product) and `vpmaddwd` with ones into eight 32-bit sums, added up at the end. Offsets count bytes. Typed
     for any arrays, so that a product with float32 weights compiles the branch it never takes."""
     def codegen(context, builder, signature, args):  # type: ignore[no-untyped-def]
-        x, x_at, w, w_at, blocks = args  # one row: any stride will do
-        return _emit_dots(context, builder, signature, [x, x_at, w, w_at, blocks, blocks], 1)[0]
+        return _emit_dot(context, builder, signature, args)
     return types.int32(x, x_at, w, w_at, blocks), codegen
 
 
@@ -119,18 +116,24 @@ _F32 = ir.FloatType()
 _VPANEL = ir.VectorType(_F32, PANEL)
 
 
-def pack_panels(w: np.ndarray) -> np.ndarray:
-    """float32 weights (..., N, K) in the layout `_panel_rows` reads, same shape and size: outputs 16j..16j+15 as
-    one panel (K, 16), the 16 weights of each input next to each other, then the last N % 16 rows as they are.
-    Row 16j of the result starts where panel j does."""
+def _pack(w: np.ndarray, lanes: int, group: int) -> np.ndarray:
+    """Weights (..., N, K) in panels of `lanes` outputs, same shape and size: each panel holds K / group steps of
+    `group` inputs of its first output, then of its second, ...; then the last N % lanes rows as they are. Row
+    lanes * j of the result starts where panel j does."""
     *lead, N, K = w.shape
-    N16 = N - N % PANEL
-    flat = np.ascontiguousarray(w, np.float32).reshape(-1, N, K)
+    body_rows = N - N % lanes
+    flat = np.ascontiguousarray(w).reshape(-1, N, K)
     out = np.empty_like(flat)
-    body = flat[:, :N16].reshape(flat.shape[0], N16 // PANEL, PANEL, K).transpose(0, 1, 3, 2)
-    out[:, :N16] = body.reshape(flat.shape[0], N16, K)
-    out[:, N16:] = flat[:, N16:]
+    body = flat[:, :body_rows].reshape(flat.shape[0], body_rows // lanes, lanes, K // group, group)
+    out[:, :body_rows] = body.transpose(0, 1, 3, 2, 4).reshape(flat.shape[0], body_rows, K)
+    out[:, body_rows:] = flat[:, body_rows:]
     return out.reshape(*lead, N, K)
+
+
+def pack_panels(w: np.ndarray) -> np.ndarray:
+    """float32 weights (..., N, K) as `_panel_rows` reads them: panels of 16 outputs, the 16 weights of each input
+    next to each other (`_pack`)."""
+    return _pack(w.astype(np.float32, copy=False), PANEL, 1)
 
 
 def _panel_kernel(rows: int, panels: int) -> Any:
@@ -183,17 +186,9 @@ BYTE_PANEL = 8  # int8 weights (with AVX2) in panels of this many outputs, four 
 
 
 def pack_byte_panels(w: np.ndarray) -> np.ndarray:
-    """int8 weights (..., N, K), K a multiple of 4, in the layout `_byte_dots_cols` reads, same shape and size:
-    outputs 8j..8j+7 as one panel of K / 4 groups of 32 bytes (four inputs of output 8j, then of 8j + 1, ...), then
-    the last N % 8 rows as they are. Row 8j of the result starts where panel j does."""
-    *lead, N, K = w.shape
-    N8 = N - N % BYTE_PANEL
-    flat = np.ascontiguousarray(w).reshape(-1, N, K)
-    out = np.empty_like(flat)
-    body = flat[:, :N8].reshape(flat.shape[0], N8 // BYTE_PANEL, BYTE_PANEL, K // 4, 4).transpose(0, 1, 3, 2, 4)
-    out[:, :N8] = body.reshape(flat.shape[0], N8, K)
-    out[:, N8:] = flat[:, N8:]
-    return out.reshape(*lead, N, K)
+    """int8 weights (..., N, K), K a multiple of 4, as `_byte_dots_cols` reads them: panels of 8 outputs, steps of
+    four inputs (32 bytes: four of the first output, then of the second, ...; `_pack`)."""
+    return _pack(w, BYTE_PANEL, 4)
 
 
 def pack_weights(w: np.ndarray) -> np.ndarray:
