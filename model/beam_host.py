@@ -119,3 +119,34 @@ def move_beams(rows, picked, tokens, score, self_kv, T, history, pos):  # type: 
                 pos[r] = at[src]
             tokens[r] = np.int64(picked[j, b, 1])
             score[r] = np.float32(picked[j, b, 2])
+
+
+@njit(nogil=True, cache=True)
+def ban_tokens(logits, banned, eos, n_gen, min_new):  # type: ignore[no-untyped-def]  # pragma: no cover - compiled
+    """`DecodeBatch._process_host` for rows r = 0..B-1 of logits (B, V): banned tokens and, before a row's min_new
+    tokens, the end of sentence become -inf."""
+    for r in range(logits.shape[0]):
+        for b in banned:
+            logits[r, b] = -np.inf
+        if n_gen[r] < min_new[r]:
+            logits[r, eos] = -np.inf
+
+
+@njit(nogil=True, cache=True)
+def advance_beams(logprobs, rows, score, eos, top, beam, token, picked, ended,  # type: ignore[no-untyped-def]
+                  self_kv, T, history, pos, n_gen, last):  # pragma: no cover - compiled
+    """A whole beam-search step after the log-probs, for batches whose every row is a beam of the sentences `rows`
+    (m, k): `choose_beams`, `move_beams` with the tokens written into `last`, then each row's token recorded as
+    `DecodeBatch.record_host` does (history, n_gen). False, with nothing moved or recorded, where a sentence found
+    fewer than k continuations."""
+    m, k = rows.shape
+    if choose_beams(logprobs, rows, score, eos, top, beam, token, picked, ended) < k:
+        return False
+    move_beams(rows, picked, last, score, self_kv, T, history, pos)
+    at_most = history.shape[1] - 1
+    for j in range(m):
+        for b in range(k):
+            r = rows[j, b]
+            history[r, min(n_gen[r], at_most)] = last[r]
+            n_gen[r] += 1
+    return True

@@ -16,9 +16,9 @@ from model.decode import DecodeBatch, Sequence
 from model.events import Hypothesis
 
 try:  # numba; without it (the GPU script's bare machine) the CPU takes torch's top-ks as the GPU does
-    from model.beam_host import best_continuations, choose_beams, move_beams
+    from model.beam_host import advance_beams, ban_tokens, best_continuations, choose_beams, move_beams
 except (ImportError, RuntimeError):  # pragma: no cover - RuntimeError: numba finds no writable cache
-    best_continuations = choose_beams = move_beams = None  # type: ignore[assignment]
+    advance_beams = ban_tokens = best_continuations = choose_beams = move_beams = None  # type: ignore[assignment]
 
 # From this many logits on, `top_k` goes through chunk maxima; below, torch's topk is as fast or faster
 # (bench/levers.py, 1 and 2 threads, k = 8: 4 x 8,000 logits 53 against 145-224 us; 32 x 8,000 even, 0.85-1.23x;
@@ -48,6 +48,46 @@ def top_k(x: Tensor, k: int, chunk: int = 256, min_size: int = CHUNKED_TOP_K_MIN
     values, pos = cand.topk(k, dim=-1)
     in_body = best.gather(1, (pos // chunk).clamp(max=k - 1)) * chunk + pos % chunk
     return values, torch.where(pos < k * chunk, in_body, pos - k * chunk + whole)
+
+
+def short_beam_step(batch: DecodeBatch, seqs: list[Sequence]) -> bool:
+    """The whole step of a batch of plain beam searches (`Sequence.plain_beams`) of one width on the CPU, where the
+    fused step takes it: the step, the settings, the log-softmax, the choice, the rows' moves and the record in
+    two compiled calls and one torch call around the fused step's; the general way (`DecodeBatch.forward`,
+    `model.search._log_probs`, `beam_step`, `DecodeBatch.record`) computes the same numbers through a dozen
+    more calls and checks, which cost a beam-4 sentence of the shipped model about as much as the fused step
+    itself. False, with nothing done, where it does not apply; True once the step is taken and every sequence
+    brought up to date (its hypotheses, beams and scores; `model.search._collect` then finishes the step).
+    """
+    k = seqs[0].beam
+    if advance_beams is None or batch.cache.self_kv.dtype != torch.float32 or \
+            not all(s.plain_beams and s.beam == k for s in seqs):
+        return False
+    n, V = batch.n, batch.cfg.tgt_vocab_size
+    if n * V > COMPILED_MAX:
+        return False
+    logits = batch.fused_logits()
+    if logits is None:
+        return False
+    st, eos = batch.state, batch.cfg.eos_id
+    history, n_gen, last, min_new = st.host_views()
+    ban_tokens(logits.numpy(), batch.banned_host, eos, n_gen[:n], min_new[:n])
+    logprobs = logits.log_softmax(-1)
+    m, c = len(seqs), min(2 * k, k * V)
+    rows_h = np.array([s.rows for s in seqs], np.int64)  # (m, k)
+    top, beam_h, token_h = np.empty((m, c), np.float32), np.empty((m, c), np.int64), np.empty((m, c), np.int64)
+    chosen_h, ended_h = np.empty((m, k, 3)), np.empty((m, k + 1, 2))
+    pos, _, self_kv, _ = batch.cache.host_views()
+    T = min(batch.cache.t_hi + 1, batch.cache.max_tgt)
+    if not advance_beams(logprobs.numpy(), rows_h, st.score.numpy(), eos, top, beam_h, token_h, chosen_h, ended_h,
+                         self_kv, T, history, pos, n_gen, last):
+        tokens = logprobs.new_empty(n, dtype=torch.long)  # a vocabulary too small for k continuations
+        beam_step(batch, seqs, logprobs, tokens, None)
+        batch.record(tokens)
+        return True
+    for seq, chosen_j, ended_j in zip(seqs, chosen_h.tolist(), ended_h.tolist(), strict=True):
+        _take(seq, chosen_j, ended_j, None)
+    return True
 
 
 def beam_step(batch: DecodeBatch, beams: list[Sequence], logprobs: Tensor, tokens: Tensor,

@@ -65,6 +65,7 @@ class Sequence:
     progress: list[Progress] = field(default_factory=list)  # per beam, its way through the constraints
     aligns: list[list[int]] | None = None  # per beam, the source position of each token (config.alignment)
     plain: bool = False  # greedy, unconstrained, no penalties or alignment: forward()'s short way
+    plain_beams: bool = False  # the same for beam search: model.beams.short_beam_step's
 
     @property
     def beam(self) -> int:
@@ -154,7 +155,7 @@ class DecodeBatch:
         self.n = 0  # rows 0..n-1 are active
         banned = {self.cfg.pad_id, self.cfg.decoder_start_id, self.cfg.bos_id} - {self.cfg.eos_id, -1}
         self.banned = torch.tensor(sorted(banned), dtype=torch.long, device=net.device)
-        self._banned_host = self.banned.cpu().numpy()
+        self.banned_host = self.banned.cpu().numpy()
         self.plain = False  # whether the last forward() went the short way (every row plain greedy)
         self.chosen: np.ndarray | None = None  # the tokens it chose and recorded, if it did (`forward`)
 
@@ -224,9 +225,9 @@ class DecodeBatch:
                 seq.constraints, seq.progress = c, [c.start() for _ in rows]
                 if c.sources is not None and seq.aligns is None:  # where the row looks, at every step
                     seq.aligns = [[] for _ in rows]
-            seq.plain = (config.beam_size == 1 and not config.do_sample and c is None
-                         and seq.aligns is None and config.repetition_penalty == 1.0
-                         and not config.no_repeat_ngram_size)
+            simple = (not config.do_sample and c is None and seq.aligns is None and config.repetition_penalty == 1.0
+                      and not config.no_repeat_ngram_size)
+            seq.plain, seq.plain_beams = simple and config.beam_size == 1, simple and config.beam_size > 1
             self._row_settings(seq, longs, floats)
             self.seqs[key] = seq
             for r in rows:
@@ -317,7 +318,7 @@ class DecodeBatch:
                 if choose:
                     history, n_gen, last_host, min_new = self.state.host_views()
                     n = self.n
-                    self.chosen = fused.choose(logits.numpy(), self._banned_host, self.cfg.eos_id, n_gen[:n],
+                    self.chosen = fused.choose(logits.numpy(), self.banned_host, self.cfg.eos_id, n_gen[:n],
                                                min_new[:n], history, last_host[:n])
                     return logits, None
             else:  # more rows than the fused step takes: the settings in numpy still save a few torch calls
@@ -330,11 +331,20 @@ class DecodeBatch:
         self._process(logits, seqs)
         return logits, (align[0].argmax(-1) if align else None)
 
+    def fused_logits(self) -> Tensor | None:
+        """Rows 0..n-1's next-token logits (n, V) from the fused CPU step as it gives them, no setting applied, for
+        a caller that applies them itself (`model.beams.short_beam_step`); None where the fused step does not take
+        this step (none on this device, CUDA graphs, more rows than it takes)."""
+        fused = self.net.fused
+        if fused is None or self.graphed is not None or not fused.takes(self.n):
+            return None
+        return fused(self.state.last[: self.n], self.cache)
+
     def _process_host(self, logits: np.ndarray) -> None:
         """`_process`'s first two rules in numpy (all of it for plain greedy rows): banned tokens, and no end of
         sentence before min_new_tokens."""
         n = self.n
-        logits[:, self._banned_host] = lp.NEG_INF
+        logits[:, self.banned_host] = lp.NEG_INF
         _, n_gen, _, min_new = self.state.host_views()
         early = n_gen[:n] < min_new[:n]
         if early.any():

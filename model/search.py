@@ -16,7 +16,7 @@ import torch
 from torch import Tensor
 
 from model import logits as lp
-from model.beams import alignment, beam_step, finish_beam, force_constraints
+from model.beams import alignment, beam_step, finish_beam, force_constraints, short_beam_step
 from model.constraints import Term
 from model.decode import DecodeBatch, Sequence, inference
 from model.events import Event, FinishEvent, Hypothesis, SentenceKey, TokenEvent
@@ -62,6 +62,11 @@ def step(batch: DecodeBatch) -> list[Event]:
         return []
     n, st = batch.n, batch.state
     seqs = list(batch.seqs.values())
+    if seqs[0].plain_beams and short_beam_step(batch, seqs):  # every row a plain beam: chosen and moved already
+        events, done = _collect(seqs, [], [], batch.cfg.eos_id, None)
+        if done:
+            batch.remove(done)
+        return events
     batch.plain = False  # forward() says otherwise when it takes the short way
     logits, align = batch.forward(choose=True)  # (n, V), (n,) or None
     if batch.plain:  # every row plain greedy: the argmax is all there is to choose

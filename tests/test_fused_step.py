@@ -292,7 +292,7 @@ def test_the_plain_greedy_step_gives_the_general_steps_tokens(tiny_loaded: Loade
     def decode(configs: list[GenerationConfig]) -> list[tuple[list[int], str, float | None]]:
         batch = DecodeBatch(net, 4, max(map(len, sources)), 40)
         batch.banned = torch.cat([batch.banned, torch.tensor([common])])
-        batch._banned_host = batch.banned.numpy()
+        batch.banned_host = batch.banned.numpy()
         with torch.inference_mode():
             return [(h[0].tokens, h[0].finish_reason, h[0].score if c.scores else None)
                     for h, c in zip(generate(net, sources * 2, configs, batch=batch), configs, strict=True)]

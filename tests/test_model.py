@@ -293,6 +293,45 @@ def test_compiled_beam_moves_give_the_listed_ways_hypotheses(loaded: checkpoint.
             [[(h.tokens, h.score, h.alignment) for h in hyps] for hyps in listed]
 
 
+def test_short_beam_step_gives_the_general_ways_hypotheses(loaded: checkpoint.LoadedModel,
+                                                             sources: list[list[int]],
+                                                             monkeypatch: pytest.MonkeyPatch) -> None:
+    """`short_beam_step` (the fused step, the choice, the moves and the record in compiled calls) against the
+    general way (`DecodeBatch.forward`, `_log_probs`, `beam_step`, `record`): the same hypotheses and scores bit
+    for bit, with rows reused as sentences finish, end of sentence held back (min_new_tokens) and sentences
+    running out of length; and mixed batches (a greedy row beside the beams) still take the general way."""
+    pytest.importorskip("model.beam_host", reason="numba")
+    import model.beams
+    import model.search
+    if loaded.net.fused is None:
+        pytest.skip("no fused step")
+    taken = []
+
+    def counted(batch: DecodeBatch, seqs: list) -> bool:
+        went = model.beams.short_beam_step(batch, seqs)
+        taken.append(went)
+        return went
+
+    monkeypatch.setattr(model.search, "short_beam_step", counted)
+    configs = [GenerationConfig(beam_size=3, num_hypotheses=3, max_new_tokens=16),
+               GenerationConfig(beam_size=4, num_hypotheses=2, max_new_tokens=6, length_penalty=0.6,
+                                min_new_tokens=3),
+               [GenerationConfig(beam_size=2, max_new_tokens=12)] * (len(sources) - 1)
+               + [GenerationConfig(max_new_tokens=3)]]
+    for config in configs:
+        rows = 2 * 4
+        taken.clear()
+        short = generate(loaded.net, sources, config, max_rows=rows)
+        assert any(taken)
+        mixed = isinstance(config, list)
+        assert all(taken) != mixed  # while the greedy row decodes, its batch's steps go the general way
+        monkeypatch.setattr(model.search, "short_beam_step", lambda batch, seqs: False)
+        general = generate(loaded.net, sources, config, max_rows=rows)
+        monkeypatch.setattr(model.search, "short_beam_step", counted)
+        assert [[(h.tokens, h.score, h.finish_reason) for h in hyps] for hyps in short] == \
+            [[(h.tokens, h.score, h.finish_reason) for h in hyps] for hyps in general]
+
+
 def test_greedy_equals_recomputation(loaded: checkpoint.LoadedModel, sources: list[list[int]]) -> None:
     cached = greedy(loaded.net, sources, max_new_tokens=20)
     reference = [greedy_by_recomputation(loaded.model, s, 20) for s in sources]
