@@ -11,6 +11,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from model import logits as lp
 from model.constraints import select_beams
 from model.decode import DecodeBatch, Sequence
 from model.events import Hypothesis
@@ -72,7 +73,7 @@ def short_beam_step(batch: DecodeBatch, seqs: list[Sequence]) -> bool:
     st, eos = batch.state, batch.cfg.eos_id
     history, n_gen, last, min_new = st.host_views()
     ban_tokens(logits.numpy(), batch.banned_host, eos, n_gen[:n], min_new[:n])
-    logprobs = logits.log_softmax(-1)
+    logprobs = lp.log_softmax(logits)
     m, c = len(seqs), min(2 * k, k * V)
     rows_h = np.array([s.rows for s in seqs], np.int64)  # (m, k)
     top, beam_h, token_h = np.empty((m, c), np.float32), np.empty((m, c), np.int64), np.empty((m, c), np.int64)

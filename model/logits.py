@@ -83,3 +83,22 @@ def sample(logprobs: Tensor, seed: Tensor, step: Tensor) -> Tensor:
     u = hashed_uniform(seed, step, logprobs.shape[1])
     gumbel = -torch.log(-torch.log(u))
     return (logprobs.double() + gumbel).argmax(-1)
+
+
+ONE_THREAD_MAX = 1 << 17  # `log_softmax`: up to this many logits, on the calling thread alone
+
+
+def log_softmax(logits: Tensor) -> Tensor:
+    """torch's log-softmax of a step's logits (the general way's numbers, bit for bit), on this thread alone up to
+    `ONE_THREAD_MAX` logits. A parallel region leaves torch's OpenMP threads spinning (GOMP_SPINCOUNT,
+    model/__init__.py), and on two cores the spinning thread took the core of the fused step's helper thread: the
+    shipped model's next step of 4 rows took 0.50 against 0.27 ms (ad hoc). Larger batches keep the threads: their
+    step is long, and the log-softmax on one thread would cost more than the spin."""
+    threads = torch.get_num_threads()
+    if threads == 1 or logits.numel() > ONE_THREAD_MAX or logits.device.type != "cpu":
+        return logits.log_softmax(-1)
+    torch.set_num_threads(1)
+    try:
+        return logits.log_softmax(-1)
+    finally:
+        torch.set_num_threads(threads)

@@ -78,7 +78,7 @@ def step(batch: DecodeBatch) -> list[Event]:
         scored = [s.rows[0] for s in seqs if s.config.scores]
         if scored:  # the chosen tokens' log-probs, as the general way computes them, for these rows alone
             rows = torch.tensor(scored)
-            picked = logits[rows].log_softmax(-1).gather(1, torch.from_numpy(host)[rows, None])[:, 0]
+            picked = lp.log_softmax(logits[rows]).gather(1, torch.from_numpy(host)[rows, None])[:, 0]
             for r, value in zip(scored, picked.tolist(), strict=True):
                 chosen_logprobs[r] = value
         events, done = _collect(seqs, token_ids, chosen_logprobs, batch.cfg.eos_id, None)
