@@ -112,6 +112,9 @@ def _dot_u8s8(typingctx, x, x_at, w, w_at, blocks):  # type: ignore[no-untyped-d
 
 
 PANEL = 16  # float32 weights are stored in panels of this many outputs (`pack_panels`)
+# The products walk their panels in chunks of about this many bytes of weights, every row through a chunk before the
+# next: weights larger than the caches are then read from memory once a product, not once per four rows.
+CHUNK_BYTES = 256 << 10
 _F32 = ir.FloatType()
 _VPANEL = ir.VectorType(_F32, PANEL)
 
@@ -402,36 +405,41 @@ def _panel_rows(x, w, scale, bias, act, y, j0, j1):  # type: ignore[no-untyped-d
         x = np.ascontiguousarray(x)
     xs, ys = x.strides[0] // 4, y.strides[0] // 4
     end = min(j1, N - N % PANEL)
-    r = 0
-    while r < B:
-        n = min(4, B - r)
-        j = j0
-        while j < end:
-            left = (end - j) // PANEL
-            at_x, at_w, at_y = r * xs, j * K, r * ys + j
-            if n == 4:
-                _panels_4x1(x, at_x, xs, w, at_w, K, y, at_y, ys)
-                j += PANEL
-            elif n == 3 and left >= 2:
-                _panels_3x2(x, at_x, xs, w, at_w, K, y, at_y, ys)
-                j += 2 * PANEL
-            elif n >= 2 and left >= 2:
-                _panels_2x2(x, at_x, xs, w, at_w, K, y, at_y, ys)
-                j += 2 * PANEL
-            elif n >= 2:  # one panel left for two or three rows: a row at a time
-                for i in range(n):
-                    _panels_1x1(x, at_x + i * xs, xs, w, at_w, K, y, at_y + i * ys, ys)
-                j += PANEL
-            elif left >= 4:
-                _panels_1x4(x, at_x, xs, w, at_w, K, y, at_y, ys)
-                j += 4 * PANEL
-            elif left >= 2:
-                _panels_1x2(x, at_x, xs, w, at_w, K, y, at_y, ys)
-                j += 2 * PANEL
-            else:
-                _panels_1x1(x, at_x, xs, w, at_w, K, y, at_y, ys)
-                j += PANEL
-        r += n
+    chunk = max(1, CHUNK_BYTES // (4 * K * PANEL)) * PANEL
+    c0 = j0
+    while c0 < end:  # a chunk of panels at a time, every row through it while its weights are in cache
+        c1 = min(end, c0 + chunk)
+        r = 0
+        while r < B:
+            n = min(4, B - r)
+            j = c0
+            while j < c1:
+                left = (c1 - j) // PANEL
+                at_x, at_w, at_y = r * xs, j * K, r * ys + j
+                if n == 4:
+                    _panels_4x1(x, at_x, xs, w, at_w, K, y, at_y, ys)
+                    j += PANEL
+                elif n == 3 and left >= 2:
+                    _panels_3x2(x, at_x, xs, w, at_w, K, y, at_y, ys)
+                    j += 2 * PANEL
+                elif n >= 2 and left >= 2:
+                    _panels_2x2(x, at_x, xs, w, at_w, K, y, at_y, ys)
+                    j += 2 * PANEL
+                elif n >= 2:  # one panel left for two or three rows: a row at a time
+                    for i in range(n):
+                        _panels_1x1(x, at_x + i * xs, xs, w, at_w, K, y, at_y + i * ys, ys)
+                    j += PANEL
+                elif left >= 4:
+                    _panels_1x4(x, at_x, xs, w, at_w, K, y, at_y, ys)
+                    j += 4 * PANEL
+                elif left >= 2:
+                    _panels_1x2(x, at_x, xs, w, at_w, K, y, at_y, ys)
+                    j += 2 * PANEL
+                else:
+                    _panels_1x1(x, at_x, xs, w, at_w, K, y, at_y, ys)
+                    j += PANEL
+            r += n
+        c0 = c1
     _tail_rows(x, w, max(j0, end), j1, y)
     zero = np.float32(0.0)
     for r in range(B):  # ReLU or none in the loop itself, so that the loops vectorise (`_rows_u8`)
@@ -505,36 +513,41 @@ def _byte_dots_cols(xq, w, dots, j0, j1):  # type: ignore[no-untyped-def]  # pra
     G = K // 4
     N, ys = w.shape[0], dots.strides[0] // 4
     end = min(j1, N - N % BYTE_PANEL)
-    r = 0
-    while r < B:
-        n = min(4, B - r)
-        j = j0
-        while j < end:
-            left = (end - j) // BYTE_PANEL
-            at_x, at_w, at_y = r * K, j * K, r * ys + j
-            if n >= 3 and left >= 2:
-                if n == 4:
-                    _bytes_4x2(xq, at_x, K, w, at_w, G, dots, at_y, ys)
+    chunk = max(1, CHUNK_BYTES // (K * BYTE_PANEL)) * BYTE_PANEL
+    c0 = j0
+    while c0 < end:  # a chunk of panels at a time, as `_panel_rows`
+        c1 = min(end, c0 + chunk)
+        r = 0
+        while r < B:
+            n = min(4, B - r)
+            j = c0
+            while j < c1:
+                left = (c1 - j) // BYTE_PANEL
+                at_x, at_w, at_y = r * K, j * K, r * ys + j
+                if n >= 3 and left >= 2:
+                    if n == 4:
+                        _bytes_4x2(xq, at_x, K, w, at_w, G, dots, at_y, ys)
+                    else:
+                        _bytes_3x2(xq, at_x, K, w, at_w, G, dots, at_y, ys)
+                    j += 2 * BYTE_PANEL
+                elif n >= 2 and left >= 2:
+                    _bytes_2x2(xq, at_x, K, w, at_w, G, dots, at_y, ys)
+                    j += 2 * BYTE_PANEL
+                elif n >= 2:  # one panel left for two to four rows: a row at a time
+                    for i in range(n):
+                        _bytes_1x1(xq, at_x + i * K, K, w, at_w, G, dots, at_y + i * ys, ys)
+                    j += BYTE_PANEL
+                elif left >= 4:
+                    _bytes_1x4(xq, at_x, K, w, at_w, G, dots, at_y, ys)
+                    j += 4 * BYTE_PANEL
+                elif left >= 2:
+                    _bytes_1x2(xq, at_x, K, w, at_w, G, dots, at_y, ys)
+                    j += 2 * BYTE_PANEL
                 else:
-                    _bytes_3x2(xq, at_x, K, w, at_w, G, dots, at_y, ys)
-                j += 2 * BYTE_PANEL
-            elif n >= 2 and left >= 2:
-                _bytes_2x2(xq, at_x, K, w, at_w, G, dots, at_y, ys)
-                j += 2 * BYTE_PANEL
-            elif n >= 2:  # one panel left for two to four rows: a row at a time
-                for i in range(n):
-                    _bytes_1x1(xq, at_x + i * K, K, w, at_w, G, dots, at_y + i * ys, ys)
-                j += BYTE_PANEL
-            elif left >= 4:
-                _bytes_1x4(xq, at_x, K, w, at_w, G, dots, at_y, ys)
-                j += 4 * BYTE_PANEL
-            elif left >= 2:
-                _bytes_1x2(xq, at_x, K, w, at_w, G, dots, at_y, ys)
-                j += 2 * BYTE_PANEL
-            else:
-                _bytes_1x1(xq, at_x, K, w, at_w, G, dots, at_y, ys)
-                j += BYTE_PANEL
-        r += n
+                    _bytes_1x1(xq, at_x, K, w, at_w, G, dots, at_y, ys)
+                    j += BYTE_PANEL
+            r += n
+        c0 = c1
     for j in range(max(j0, end), j1):
         for r in range(B):
             dots[r, j] = _dot_u8s8(xq, r * K, w, j * K, K // 32)  # type: ignore[call-arg]
