@@ -242,9 +242,26 @@ class FrozenTransformer:
         self.out = proj([model.out_proj], bias=model.out_bias)
         # the step of a few rows as one compiled function, on the CPU in float32 or int8 (model.fused_step)
         self.fused = FusedStep.build(model, self) if fused and not half and FusedStep is not None else None
+        self.operator_decoder = True  # whether the operator step's weights are here (`release_operator_decoder`)
         # and the encoder of short sentences (model.fused_encoder)
         self.fused_encoder = (FusedEncoder.build(model, self) if fused and not half and FusedEncoder is not None
                               else None)
+
+    def release_operator_decoder(self) -> bool:
+        """Where the fused step was built for large float32 weights (`FusedStep.large`), let it take every step and
+        drop the operator step's decoder and output weights, its copy of the same numbers: the weights stay once.
+        Returns whether it did. Afterwards the operator step cannot run: calibration, which observes its products,
+        needs a network that kept it (`checkpoint.load(keep_modules=True)`, the default)."""
+        fused = self.fused
+        if fused is None or not fused.large:
+            return False
+        fused.every_step = True
+        for layer in self.decoder:
+            for p in (layer.qkv, layer.o, layer.cross_q, layer.cross_o, layer.fc1, layer.fc2):
+                p.release()
+        self.out.release()
+        self.operator_decoder = False
+        return True
 
     def products_changed(self) -> None:
         """Input ranges were set or calibration started or ended: the fused step and encoder read them again."""
@@ -367,6 +384,7 @@ class FrozenTransformer:
         fused = self.fused
         if fused is not None and fused.takes(B):
             return fused(tokens, cache, align)
+        self._check_operator_decoder()
         x = self.embed(self.tgt_table, tokens, self.positions[cache.pos[:B]])  # (B, D), row b at its own position
         lengths, self_mask, cross_mask = None, None, None
         if self.by_length:
@@ -382,6 +400,12 @@ class FrozenTransformer:
         cache.advance(B)
         return self.out(self.final.norm(x, 1) if self.final else x)
 
+    def _check_operator_decoder(self) -> None:
+        if not self.operator_decoder:
+            raise RuntimeError("this network's operator decode step was released (`release_operator_decoder`): it "
+                               "decodes through its fused step alone, which does not take this step (calibrating? "
+                               "load with keep_modules=True)")
+
     def decode_step_fixed(self, tokens: Tensor, cache: KVCache, align: list[Tensor] | None = None) -> Tensor:
         """`decode_step` over the whole cache buffers, reading nothing on the host: what model.graphs captures.
 
@@ -389,6 +413,7 @@ class FrozenTransformer:
         the buffer and is reset when the row is admitted. Does not update the cache's host-side bounds. `align`
         as in `decode_step`, over the whole source buffer (B, max_src).
         """
+        self._check_operator_decoder()
         B = tokens.shape[0]
         pos = cache.pos[:B].clamp(max=cache.max_tgt - 1)
         x = self.embed(self.tgt_table, tokens, self.positions[pos])  # (B, D)

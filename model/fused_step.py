@@ -116,11 +116,15 @@ def input_ranges(projections: dict[str, Projection], per_layer: Sequence[str], l
 
 
 PRODUCTS = ("qkv", "o", "cross_q", "cross_o", "fc1", "fc2")
-# Models whose decoder and output weights take more bytes keep the operator step. There reading the weights is the
-# step's cost, which the operator step's products split over every torch thread: on the OPUS-MT geometry in float32
-# (208 MB a step) it was 1.13x faster than the fused step with 2 threads (the fused one 1.05-1.15x faster with 1),
-# and the fused step's own copy of the weights would add as much memory again. The shipped models take 16 MB
-# (float32) and 4 MB (int8) and are faster fused with 2 threads as well (docs/benchmarks.md).
+# int8 models whose decoder and output weights take more bytes keep the operator step: before the products were
+# panels, reading the weights was the step's cost there and the operator step split it better over the threads (on
+# the OPUS-MT geometry in float32, 208 MB a step: 1.13x the fused step with 2 threads), and the fused step's own copy
+# adds as much memory again. float32 ones get a fused step for steps of up to `max_rows_large` rows a thread: with
+# the products in panels walked a chunk of weights at a time (`model.kernels.CHUNK_BYTES`) it was 1.74x the operator
+# step at 1 row on that geometry, 1.40x at 4, 1.25x at 8, level at 32 and 0.91x at 128 (2 threads, ad hoc); where the
+# modules' weights are released (`checkpoint.load(keep_modules=False)`: the server) it takes every step and the
+# operator step's copies go (`FrozenTransformer.release_operator_decoder`), so the weights stay once. The shipped
+# models take 16 MB (float32) and 4 MB (int8) and are faster fused at every size measured (docs/benchmarks.md).
 MAX_WEIGHT_BYTES = 32 << 20
 _pool: ThreadPoolExecutor | None = None  # the threads that take the other parts of a cut call (`at_once`)
 
@@ -242,6 +246,7 @@ class FusedStep:
     # of rows are faster (0.38 against 0.53 ms at 8; bench/fused_step.py, docs/benchmarks.md).
     parts_max_rows = 7
     parts_max_rows_float32 = 1 << 30
+    max_rows_large = 8  # float32 weights above MAX_WEIGHT_BYTES, while the operator step keeps its own
     _one, _none = np.zeros(2, np.int64), np.empty(0, np.float32)  # a step in one part: no flags, no shared arrays
 
     def __init__(self, arrays: dict[str, np.ndarray], projections: dict[str, Projection], net: FrozenTransformer,
@@ -255,6 +260,8 @@ class FusedStep:
         self.usable: bool | None = None  # read from the products when first asked (`ready`)
         self.args: tuple[Any, ...] | None = None  # `_step`'s arguments after the cache's, while usable
         self.hot: Helpers | None = None  # the threads that take the other parts of a step, made when first needed
+        self.large = False  # float32 weights above MAX_WEIGHT_BYTES (`max_rows_large`)
+        self.every_step = False  # takes steps of any size: the operator step's weights are gone
 
     @classmethod
     def build(cls, model: Transformer, net: FrozenTransformer) -> FusedStep | None:
@@ -264,7 +271,8 @@ class FusedStep:
             return None
         itemsize = 1 if isinstance(model.out_proj, QuantizedLinear) or net.rows8 else 4
         D, F, L = cfg.d_model, cfg.d_ff, cfg.decoder_layers
-        if (L * (6 * D * D + 2 * D * F) + cfg.tgt_vocab_size * D) * itemsize > MAX_WEIGHT_BYTES:
+        large = (L * (6 * D * D + 2 * D * F) + cfg.tgt_vocab_size * D) * itemsize > MAX_WEIGHT_BYTES
+        if large and itemsize != 4:
             return None
         arrays: dict[str, np.ndarray] = {}
         decoder = cast("list[DecoderLayer]", list(model.decoder))
@@ -305,6 +313,8 @@ class FusedStep:
         projections = {f"{name}.{i}": named[f"decoder.{i}.{name}"] for i in range(cfg.decoder_layers)
                        for name in PRODUCTS} | {"out": named["out"]}
         step = cls(arrays, projections, net, pre, ACTIVATIONS[cfg.activation], cfg.layer_norm_eps)
+        if large:
+            step.large, step.max_rows = True, cls.max_rows_large
         step.warm()
         return step
 
@@ -344,7 +354,7 @@ class FusedStep:
 
     def takes(self, rows: int) -> bool:
         """Whether a step of this many rows is the fused step's (and it can run: `ready`)."""
-        return rows <= self.max_rows * torch.get_num_threads() and self.ready()
+        return (self.every_step or rows <= self.max_rows * torch.get_num_threads()) and self.ready()
 
     def ready(self) -> bool:
         if self.usable is None:

@@ -118,6 +118,11 @@ class Projection:
                 self.one_row = weight.t().contiguous()
             self.weight = torch.ops.mkldnn._reorder_linear_weight(weight, None) if self.onednn else weight
 
+    def release(self) -> None:
+        """Drop this product's float32 weights (the network's fused step holds its own copy and takes its steps):
+        it cannot run afterwards."""
+        self.weight, self.one_row = torch.empty(0), None
+
     def set_range(self, lo: float, hi: float) -> None:
         """int8: quantize inputs with a fixed scale covering [lo, hi] (measured on data by `model.calibrate`) instead
         of a scale computed per call from the whole batch. A row's numbers are then its own, whatever shares its

@@ -259,14 +259,40 @@ def test_calibration_and_dynamic_int8_keep_the_operator_step() -> None:
     assert not float_net.fused.ready()
 
 
-def test_models_with_many_bytes_of_weights_keep_the_operator_step(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Where reading the weights is the step's cost the operator step splits it over the threads, and a second
-    copy of large weights would cost memory: above MAX_WEIGHT_BYTES no fused step is built."""
-    model = tiny_model(tiny_config())
+def test_int8_models_with_many_bytes_of_weights_keep_the_operator_step(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A second copy of large int8 weights would cost memory: above MAX_WEIGHT_BYTES no int8 fused step is built."""
+    model = quantize_int8(tiny_model(tiny_config()))
     assert freeze(model).fused is not None
     monkeypatch.setattr(fused_step, "MAX_WEIGHT_BYTES", 1000)
     assert freeze(model).fused is None
 
+
+def test_large_float32_models_decode_fused_with_their_weights_once(monkeypatch: pytest.MonkeyPatch) -> None:
+    """float32 weights above MAX_WEIGHT_BYTES: the fused step takes steps of up to `max_rows_large` rows a thread
+    while the operator step keeps its weights; once they are released (`release_operator_decoder`, as loading with
+    keep_modules=False does) it takes every step, with the operator step's tokens, and the operator step refuses
+    to run rather than read weights that are gone."""
+    monkeypatch.setattr(fused_step, "MAX_WEIGHT_BYTES", 1000)
+    model = tiny_model(tiny_config())
+    plain, net = freeze(model, fused=False), freeze(model)
+    fused = net.fused
+    assert fused is not None and fused.large and fused.ready()
+    threads = torch.get_num_threads()
+    assert fused.takes(FusedStep.max_rows_large * threads) and not fused.takes(FusedStep.max_rows_large * threads + 1)
+    assert freeze(model, fused=False).release_operator_decoder() is False
+    assert net.release_operator_decoder() and not net.operator_decoder
+    assert fused.takes(1000) and net.out.weight is not None and net.out.weight.numel() == 0
+    configs = (GenerationConfig(max_new_tokens=12), GenerationConfig(max_new_tokens=12, beam_size=3),
+               GenerationConfig(max_new_tokens=12, alignment=True))
+    for config in configs:
+        with torch.inference_mode():
+            a, b = generate(net, SOURCES, config, max_rows=12), generate(plain, SOURCES, config, max_rows=12)
+        assert [h[0].tokens for h in a] == [h[0].tokens for h in b]
+    for p in net.projections().values():  # calibration observes the operator step's products
+        p.observed = torch.full((2,), math.inf)
+    net.products_changed()
+    with pytest.raises(RuntimeError, match="released"), torch.inference_mode():
+        generate(net, SOURCES[:1], configs[0])
 
 
 @pytest.mark.parametrize("fused", [True, False])
