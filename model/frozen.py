@@ -248,12 +248,13 @@ class FrozenTransformer:
                               else None)
 
     def release_operator_decoder(self) -> bool:
-        """Where the fused step was built for large float32 weights (`FusedStep.large`), let it take every step and
-        drop the operator step's decoder and output weights, its copy of the same numbers: the weights stay once.
-        Returns whether it did. Afterwards the operator step cannot run: calibration, which observes its products,
-        needs a network that kept it (`checkpoint.load(keep_modules=True)`, the default)."""
+        """Where the fused step was built for large weights (`FusedStep.large`) and can run (int8: with input ranges
+        or a scale per row, not dynamic), let it take every step and drop the operator step's decoder and output
+        weights, its copy of the same numbers: the weights stay once. Returns whether it did. Afterwards the operator
+        step cannot run: calibration, which observes its products, needs a network that kept it
+        (`checkpoint.load(keep_modules=True)`, the default)."""
         fused = self.fused
-        if fused is None or not fused.large:
+        if fused is None or not fused.large or not fused.ready():
             return False
         fused.every_step = True
         for layer in self.decoder:

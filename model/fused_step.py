@@ -116,15 +116,16 @@ def input_ranges(projections: dict[str, Projection], per_layer: Sequence[str], l
 
 
 PRODUCTS = ("qkv", "o", "cross_q", "cross_o", "fc1", "fc2")
-# int8 models whose decoder and output weights take more bytes keep the operator step: before the products were
-# panels, reading the weights was the step's cost there and the operator step split it better over the threads (on
-# the OPUS-MT geometry in float32, 208 MB a step: 1.13x the fused step with 2 threads), and the fused step's own copy
-# adds as much memory again. float32 ones get a fused step for steps of up to `max_rows_large` rows a thread: with
-# the products in panels walked a chunk of weights at a time (`model.kernels.CHUNK_BYTES`) it was 1.74x the operator
-# step at 1 row on that geometry, 1.40x at 4, 1.25x at 8, level at 32 and 0.91x at 128 (2 threads, ad hoc); where the
-# modules' weights are released (`checkpoint.load(keep_modules=False)`: the server) it takes every step and the
-# operator step's copies go (`FrozenTransformer.release_operator_decoder`), so the weights stay once. The shipped
-# models take 16 MB (float32) and 4 MB (int8) and are faster fused at every size measured (docs/benchmarks.md).
+# Models whose decoder and output weights take more bytes than this (`FusedStep.large`) kept the operator step: before
+# the products were panels, reading the weights was the step's cost there and the operator step split it better over
+# the threads (on the OPUS-MT geometry in float32, 208 MB a step: 1.13x the fused step with 2 threads), and the fused
+# step's own copy adds as much memory again. Now they get a fused step for steps of up to `max_rows_large` rows a
+# thread: with the products in panels walked a chunk of weights at a time (`model.kernels.CHUNK_BYTES`), on that
+# geometry, 2 threads, ad hoc, float32 was 1.71x the operator step at 1 row, 1.39x at 4, 1.23x at 8, level at 32 and
+# 0.91x at 128; int8 with a scale per row 1.7-2.1x at 1 row, 0.88-0.90x at 8, 1.06x at 16, 1.27x at 64, 1.26-1.29x
+# at 128. Where the modules' weights are released (`checkpoint.load(keep_modules=False)`: the server) it takes every
+# step and the operator step's copies go (`FrozenTransformer.release_operator_decoder`), so the weights stay once.
+# The shipped models take 16 MB (float32) and 4 MB (int8) and are faster fused at every size measured.
 MAX_WEIGHT_BYTES = 32 << 20
 _pool: ThreadPoolExecutor | None = None  # the threads that take the other parts of a cut call (`at_once`)
 
@@ -246,7 +247,7 @@ class FusedStep:
     # of rows are faster (0.38 against 0.53 ms at 8; bench/fused_step.py, docs/benchmarks.md).
     parts_max_rows = 7
     parts_max_rows_float32 = 1 << 30
-    max_rows_large = 8  # float32 weights above MAX_WEIGHT_BYTES, while the operator step keeps its own
+    max_rows_large = 8  # weights above MAX_WEIGHT_BYTES, while the operator step keeps its own
     _one, _none = np.zeros(2, np.int64), np.empty(0, np.float32)  # a step in one part: no flags, no shared arrays
 
     def __init__(self, arrays: dict[str, np.ndarray], projections: dict[str, Projection], net: FrozenTransformer,
@@ -260,7 +261,7 @@ class FusedStep:
         self.usable: bool | None = None  # read from the products when first asked (`ready`)
         self.args: tuple[Any, ...] | None = None  # `_step`'s arguments after the cache's, while usable
         self.hot: Helpers | None = None  # the threads that take the other parts of a step, made when first needed
-        self.large = False  # float32 weights above MAX_WEIGHT_BYTES (`max_rows_large`)
+        self.large = False  # weights above MAX_WEIGHT_BYTES (`max_rows_large`)
         self.every_step = False  # takes steps of any size: the operator step's weights are gone
 
     @classmethod
@@ -272,7 +273,7 @@ class FusedStep:
         itemsize = 1 if isinstance(model.out_proj, QuantizedLinear) or net.rows8 else 4
         D, F, L = cfg.d_model, cfg.d_ff, cfg.decoder_layers
         large = (L * (6 * D * D + 2 * D * F) + cfg.tgt_vocab_size * D) * itemsize > MAX_WEIGHT_BYTES
-        if large and itemsize != 4:
+        if large and itemsize == 1 and not INT8_DOT:  # int8 in float arithmetic: not measured at these sizes
             return None
         arrays: dict[str, np.ndarray] = {}
         decoder = cast("list[DecoderLayer]", list(model.decoder))

@@ -119,9 +119,11 @@ class Projection:
             self.weight = torch.ops.mkldnn._reorder_linear_weight(weight, None) if self.onednn else weight
 
     def release(self) -> None:
-        """Drop this product's float32 weights (the network's fused step holds its own copy and takes its steps):
-        it cannot run afterwards."""
-        self.weight, self.one_row = torch.empty(0), None
+        """Drop this product's weights (the network's fused step holds its own copy and takes its steps): it cannot
+        run afterwards. What the fused step reads of it stays: its input ranges, and which int8 arithmetic it is."""
+        self.weight, self.one_row, self.int8 = torch.empty(0), None, None
+        if self.rows8 is not None:
+            self.rows8.packed = None
 
     def set_range(self, lo: float, hi: float) -> None:
         """int8: quantize inputs with a fixed scale covering [lo, hi] (measured on data by `model.calibrate`) instead
