@@ -64,16 +64,25 @@ class KVCache:
     def nbytes(self) -> int:
         return sum(t.numel() * t.element_size() for t in (self.self_kv, self.cross_kv))
 
-    def admit(self, start: int, cross_kv: Tensor, src_mask: Tensor) -> None:
-        """Fill rows start..start+B-1 with fresh sequences: cross K/V (L, 2, B, H, S, Dh), source mask (B, S).
+    def admit(self, start: int, cross_kv: Tensor, src_mask: Tensor, repeat: int = 1) -> None:
+        """Fill rows start..start+B-1 with fresh sequences: cross K/V (L, 2, B / repeat, H, S, Dh), each source's
+        written into `repeat` rows one after another (a beam search's beams: one copy, not a copy expanded first),
+        and the source mask of every row (B, S).
 
         Rows 0..start-1 are the active rows already decoding.
         """
         B, S = src_mask.shape
         if self.max_src < S:
             raise ValueError(f"source of {S} tokens exceeds the cache's max_src {self.max_src}")
+        if cross_kv.shape[2] * repeat != B:
+            raise ValueError(f"{cross_kv.shape[2]} sources x {repeat} rows for {B} rows")
         end = start + B
-        self.cross_kv[:, :, start:end, :, :S] = cross_kv
+        if repeat == 1:
+            self.cross_kv[:, :, start:end, :, :S] = cross_kv
+        else:
+            L, two, _, H, S_max, Dh = self.cross_kv.shape
+            rows = self.cross_kv[:, :, start:end].view(L, two, B // repeat, repeat, H, S_max, Dh)  # one row per beam
+            rows[..., :S, :] = cross_kv.unsqueeze(3)
         self.src_mask[start:end] = False
         self.src_mask[start:end, :S] = src_mask
         self.pos[start:end] = 0
