@@ -122,17 +122,6 @@ def move_beams(rows, picked, tokens, score, self_kv, T, history, pos):  # type: 
 
 
 @njit(nogil=True, cache=True)
-def ban_tokens(logits, banned, eos, n_gen, min_new):  # type: ignore[no-untyped-def]  # pragma: no cover - compiled
-    """`DecodeBatch._process_host` for rows r = 0..B-1 of logits (B, V): banned tokens and, before a row's min_new
-    tokens, the end of sentence become -inf."""
-    for r in range(logits.shape[0]):
-        for b in banned:
-            logits[r, b] = -np.inf
-        if n_gen[r] < min_new[r]:
-            logits[r, eos] = -np.inf
-
-
-@njit(nogil=True, cache=True)
 def advance_beams(logprobs, rows, score, eos, top, beam, token, picked, ended,  # type: ignore[no-untyped-def]
                   self_kv, T, history, pos, n_gen, last):  # pragma: no cover - compiled
     """A whole beam-search step after the log-probs, for batches whose every row is a beam of the sentences `rows`

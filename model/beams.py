@@ -17,7 +17,8 @@ from model.decode import DecodeBatch, Sequence
 from model.events import Hypothesis
 
 try:  # numba; without it (the GPU script's bare machine) the CPU takes torch's top-ks as the GPU does
-    from model.beam_host import advance_beams, ban_tokens, best_continuations, choose_beams, move_beams
+    from model.beam_host import advance_beams, best_continuations, choose_beams, move_beams
+    from model.kernels import ban_tokens
 except (ImportError, RuntimeError):  # pragma: no cover - RuntimeError: numba finds no writable cache
     advance_beams = ban_tokens = best_continuations = choose_beams = move_beams = None  # type: ignore[assignment]
 

@@ -222,7 +222,7 @@ def load(directory: Path | str, device: str = "auto", dtype: str = "float32",
         calibrate.apply(net, ranges)
     if not keep_modules:
         release_linear_weights(model, net)
-        net.release_operator_decoder()  # large float32 models: the fused step's copy of the decoder is the one
+        net.release_operator_decoder()  # large models: the fused step's copy of the decoder is the one
     return_freed_memory()
     return LoadedModel(meta.path, meta.info, model, meta.tokenizer, meta.generation, dtype, parameters, net,
                        arithmetic)

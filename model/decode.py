@@ -208,14 +208,14 @@ class DecodeBatch:
             encoded = self.encode([ids for _, ids, _ in items])
         cross, src_mask = encoded.cross, encoded.src_mask
         widths = {c.beam_size for _, _, c in items}
-        repeat = widths.pop() if len(widths) == 1 else 0  # every item this many beams: the cache copies each k times
+        repeat = widths.pop() if len(widths) == 1 else 1  # every item this many beams: the cache copies each k times
         if repeat > 1:
             src_mask = src_mask.repeat_interleave(repeat, 0)
-        elif repeat == 0:  # each beam has its own row
+        elif widths:  # beam sizes differ: each beam's row expanded here
             expand = torch.tensor([i for i, (_, _, c) in enumerate(items) for _ in range(c.beam_size)], device=device)
             cross, src_mask = cross.index_select(2, expand), src_mask[expand]
         start = self.n
-        self.cache.admit(start, cross, src_mask, max(repeat, 1))
+        self.cache.admit(start, cross, src_mask, repeat)
         row = start
         longs: list[list[int]] = []
         floats: list[list[float]] = []

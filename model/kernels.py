@@ -113,7 +113,8 @@ def _dot_u8s8(typingctx, x, x_at, w, w_at, blocks):  # type: ignore[no-untyped-d
 
 PANEL = 16  # float32 weights are stored in panels of this many outputs (`pack_panels`)
 # The products walk their panels in chunks of about this many bytes of weights, every row through a chunk before the
-# next: weights larger than the caches are then read from memory once a product, not once per four rows.
+# next: weights larger than the caches are then read from memory once a product, not once per four rows (64 KB and
+# 256 KB measured alike on the OPUS-MT geometry, docs/benchmarks.md).
 CHUNK_BYTES = 256 << 10
 _F32 = ir.FloatType()
 _VPANEL = ir.VectorType(_F32, PANEL)
@@ -1309,6 +1310,17 @@ def encoder_shared_size(tokens: int, d_model: int, d_ff: int) -> int:
 
 
 @njit(nogil=True, cache=True)
+def ban_tokens(logits, banned, eos, n_gen, min_new):  # type: ignore[no-untyped-def]  # pragma: no cover - compiled
+    """`DecodeBatch._process_host` for rows r = 0..B-1 of logits (B, V): banned tokens and, before a row's min_new
+    tokens, the end of sentence become -inf (`choose_greedy`; beam search's short way, `model.beams`)."""
+    for r in range(logits.shape[0]):
+        for b in banned:
+            logits[r, b] = -np.inf
+        if n_gen[r] < min_new[r]:
+            logits[r, eos] = -np.inf
+
+
+@njit(nogil=True, cache=True)
 def choose_greedy(logits, banned, eos, n_gen, min_new, history, last, tokens):  # type: ignore[no-untyped-def]
     """Plain greedy rows r = 0..B-1 of logits (B, V) choose their token, as `DecodeBatch._process_host`, numpy's
     argmax and `DecodeBatch.record_host` do one after another: banned tokens and, before a row's min_new tokens,
@@ -1316,12 +1328,9 @@ def choose_greedy(logits, banned, eos, n_gen, min_new, history, last, tokens):  
     """  # pragma: no cover - compiled
     B, V = logits.shape
     T = history.shape[1]
+    ban_tokens(logits, banned, eos, n_gen, min_new)
     for r in range(B):
         row = logits[r]
-        for b in banned:
-            row[b] = -np.inf
-        if n_gen[r] < min_new[r]:
-            row[eos] = -np.inf
         best = 0
         top = row[0]
         for v in range(1, V):
