@@ -31,7 +31,6 @@ from model import calibrate
 from model.config import ModelConfig
 from model.frozen import FrozenTransformer, freeze
 from model.generation import GenerationConfig
-from model.projection import Int8Table
 from model.tokenizer import Tokenizer
 from model.transformer import Transformer
 
@@ -149,7 +148,9 @@ def release_linear_weights(model: Transformer, net: FrozenTransformer | None = N
     On the CPU the frozen network holds prepacked copies (float32: oneDNN's; int8: fbgemm's, stacked), so the
     modules' weights are a second copy of most of the model (about 290 MB for an OPUS-MT model in float32).
     Afterwards the modules can no longer run, be saved or be frozen again: this is for a process that only decodes.
-    The embedding tables go as well when the network keeps them in int8 (`Int8Table`, int8 with a scale per row).
+    The embedding tables go as well where the network keeps them its own way: in int8 (`Int8Table`, int8 with a
+    scale per row), or read from the fused step's packed output projection (`PackedTable`, tied tables of large
+    models once `FrozenTransformer.release_operator_decoder` ran).
     """
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # torch's notice that quantized tensors are deprecated
@@ -159,8 +160,10 @@ def release_linear_weights(model: Transformer, net: FrozenTransformer | None = N
             m.weight = nn.Parameter(m.weight.detach().new_empty(0), requires_grad=False)
         elif isinstance(m, QuantizedLinear):  # int8: the frozen network packed its own copy of the int8 weights
             m._packed_params.set_weight_bias(empty_int8, None)
-    if net is not None and isinstance(net.src_table, Int8Table):  # the tables too, kept in int8 by the network
-        for m in (model.src_embed, model.tgt_embed):
+    if net is None:
+        return
+    for m, table in ((model.src_embed, net.src_table), (model.tgt_embed, net.tgt_table)):
+        if not isinstance(table, torch.Tensor):  # kept by the network its own way (in int8, or the fused step's)
             m.weight = nn.Parameter(m.weight.detach().new_empty(0), requires_grad=False)
 
 
@@ -221,8 +224,8 @@ def load(directory: Path | str, device: str = "auto", dtype: str = "float32",
     if ranges is not None:
         calibrate.apply(net, ranges)
     if not keep_modules:
-        release_linear_weights(model, net)
         net.release_operator_decoder()  # large models: the fused step's copy of the decoder is the one
+        release_linear_weights(model, net)  # (after: the tables go too where the fused step's copy serves them)
     return_freed_memory()
     return LoadedModel(meta.path, meta.info, model, meta.tokenizer, meta.generation, dtype, parameters, net,
                        arithmetic)

@@ -26,7 +26,7 @@ from torch import Tensor, nn
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from model.cache import KVCache
-from model.projection import Int8Table, Projection
+from model.projection import Int8Table, PackedTable, Projection
 
 try:  # numba: the CPU's fused step; without it (the GPU script's bare machine) steps run operator by operator
     from model.fused_encoder import FusedEncoder
@@ -221,8 +221,8 @@ class FrozenTransformer:
                  rows8: bool = False) -> None:
         cfg = self.cfg = model.cfg
         self.rows8 = rows8  # int8 with a scale per input row (`model.projection.Rows8`)
-        self.src_table: Tensor | Int8Table = model.src_embed.weight.detach()
-        self.tgt_table: Tensor | Int8Table = model.tgt_embed.weight.detach()
+        self.src_table: Tensor | Int8Table | PackedTable = model.src_embed.weight.detach()
+        self.tgt_table: Tensor | Int8Table | PackedTable = model.tgt_embed.weight.detach()
         self.positions = model.positions.to(self.tgt_table.dtype)
         if rows8:  # the tables in int8 too, one for both when the model shares them
             shared = self.src_table.data_ptr() == self.tgt_table.data_ptr()
@@ -262,6 +262,12 @@ class FrozenTransformer:
                 p.release()
         self.out.release()
         self.operator_decoder = False
+        shared = self.src_table is self.tgt_table or (isinstance(self.src_table, Tensor) and isinstance(
+            self.tgt_table, Tensor) and self.src_table.data_ptr() == self.tgt_table.data_ptr())
+        table = fused.share_table()  # a tied output projection: its packed weights are the table too
+        if table is not None:
+            self.tgt_table = table
+            self.src_table = table if shared else self.src_table
         return True
 
     def products_changed(self) -> None:
@@ -291,8 +297,8 @@ class FrozenTransformer:
                 named.update({f"{stack}.{i}.{k}": v for k, v in vars(layer).items() if isinstance(v, Projection)})
         return named
 
-    def embed(self, table: Tensor | Int8Table, ids: Tensor, positions: Tensor) -> Tensor:
-        rows = table.rows(ids) if isinstance(table, Int8Table) else F.embedding(ids, table)
+    def embed(self, table: Tensor | Int8Table | PackedTable, ids: Tensor, positions: Tensor) -> Tensor:
+        rows = F.embedding(ids, table) if isinstance(table, Tensor) else table.rows(ids)
         return rows * self.scale + positions
 
     def encode_packed(self, src: Tensor) -> tuple[Tensor, Tensor, Packing | None]:

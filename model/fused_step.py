@@ -42,6 +42,7 @@ from model.kernels import (
     STOP,
     choose_greedy,
     pack_weights,
+    packed_layout,
     post,
     post_step,
     quantize_rows,
@@ -52,7 +53,7 @@ from model.kernels import (
     weight_sums,
 )
 from model.kernels import step as _step
-from model.projection import Int8Table, int8_weight_bias, stacked_bias
+from model.projection import Int8Table, PackedTable, int8_weight_bias, stacked_bias
 
 if TYPE_CHECKING:
     from model.cache import KVCache
@@ -201,6 +202,8 @@ class Helpers:
         d_model, d_ff = views[2].shape[3] * views[2].shape[5], self.args[31].shape[1]
         shared = np.empty(shared_size(B, d_model, d_ff) if runs == 1 else 0, np.float32)  # (runs of rows: unused)
         self.flags[:] = 0
+        if self.failed is not None:  # (checked after the reset: a helper failing from now on raises its stop sign)
+            raise RuntimeError("a fused step's helper thread failed") from self.failed
         with self.wake:
             go = post_step(self.control, self.helpers, runs, ids, logits, *views, shared)  # type: ignore[call-arg]
             if any(self.sleeping):
@@ -263,6 +266,7 @@ class FusedStep:
         self.hot: Helpers | None = None  # the threads that take the other parts of a step, made when first needed
         self.large = False  # weights above MAX_WEIGHT_BYTES (`max_rows_large`)
         self.every_step = False  # takes steps of any size: the operator step's weights are gone
+        self.tied = False  # the output projection's weights are the target embedding table's (`share_table`)
 
     @classmethod
     def build(cls, model: Transformer, net: FrozenTransformer) -> FusedStep | None:
@@ -294,9 +298,22 @@ class FusedStep:
         if model.out_bias is not None:
             b_out = b_out + model.out_bias.detach().float().numpy()
         arrays["b_out"] = b_out.astype(np.float32)
+        table = net.tgt_table
+        if isinstance(table, Int8Table):
+            arrays["table"], arrays["table_scale"] = table.q.numpy(), table.row_scale.numpy()
+        else:
+            arrays["table"], arrays["table_scale"] = table.numpy(), np.ones(table.shape[0], np.float32)
+        # the output projection is the table, number for number (float32, or the same int8 rows and multipliers)
+        tied = (cfg.tie_output and arrays["table"].dtype == arrays["w_out"].dtype
+                and np.array_equal(arrays["table"], arrays["w_out"])
+                and np.array_equal(arrays["table_scale"], arrays["s_out"]))
         for name in (*PRODUCTS, "out"):
             arrays[f"c_{name}"] = weight_sums(arrays[f"w_{name}"])
             arrays[f"w_{name}"] = pack_weights(arrays[f"w_{name}"])  # as the products read them
+        if tied:  # the step reads the table in the packed projection (flat: `kernels._table_value`), so may others
+            w = arrays["w_out"]
+            arrays["table"] = w if packed_layout(w.dtype, w.shape[1]) is None else w.reshape(-1)
+            arrays["table_scale"] = arrays["s_out"]
         norms = [[layer.self_res.norm, layer.cross_res.norm, layer.ff_res.norm] for layer in decoder]
         arrays["norm_w"] = np.stack([[n.weight.detach().numpy() for n in ns] for ns in norms]).astype(np.float32)
         arrays["norm_b"] = np.stack([[n.bias.detach().numpy() for n in ns] for ns in norms]).astype(np.float32)
@@ -304,16 +321,12 @@ class FusedStep:
         pre = cfg.norm == "pre"
         arrays["final_w"] = final.weight.detach().numpy().copy() if pre else np.ones(D, np.float32)
         arrays["final_b"] = final.bias.detach().numpy().copy() if pre else np.zeros(D, np.float32)
-        table = net.tgt_table
-        if isinstance(table, Int8Table):
-            arrays["table"], arrays["table_scale"] = table.q.numpy(), table.row_scale.numpy()
-        else:
-            arrays["table"], arrays["table_scale"] = table.numpy(), np.ones(table.shape[0], np.float32)
         arrays["positions"] = net.positions.numpy()
         named = net.projections()
         projections = {f"{name}.{i}": named[f"decoder.{i}.{name}"] for i in range(cfg.decoder_layers)
                        for name in PRODUCTS} | {"out": named["out"]}
         step = cls(arrays, projections, net, pre, ACTIVATIONS[cfg.activation], cfg.layer_norm_eps)
+        step.tied = tied
         if large:
             step.large, step.max_rows = True, cls.max_rows_large
         step.warm()
@@ -345,6 +358,15 @@ class FusedStep:
         control = np.zeros(HELPER_SLOTS + PER_HELPER, np.int64)
         control[GO], control[STOP] = 1, 1  # a helper told to stop at once: it returns before any step
         step_worker(control, 1, 0, np.zeros(3, np.int64), args)
+
+    def share_table(self) -> PackedTable | None:
+        """Where the output projection is the target embedding table (`tied`), the table as the step reads it, in
+        the projection's packed weights (`PackedTable`), for the network's other lookups, so that its own copy can
+        go (`FrozenTransformer.release_operator_decoder`); None where they are not the same numbers."""
+        if not self.tied:
+            return None
+        w, scale = self.arrays["w_out"], self.arrays["s_out"]
+        return PackedTable(w, packed_layout(w.dtype, w.shape[1]), None if w.dtype == np.float32 else scale)
 
     def changed(self) -> None:
         """The products' input ranges or calibration state changed: read them again before the next step."""

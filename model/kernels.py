@@ -197,12 +197,18 @@ def pack_byte_panels(w: np.ndarray) -> np.ndarray:
 
 def pack_weights(w: np.ndarray) -> np.ndarray:
     """A fused product's weights (..., N, K) as `_product` reads them: float32 in panels (`pack_panels`), int8 in
-    byte panels where the byte products take them (`pack_byte_panels`), else as they are."""
-    if w.dtype == np.float32:
-        return pack_panels(w)
-    if INT8_DOT and w.shape[-1] % 32 == 0:
-        return pack_byte_panels(w)
-    return w
+    byte panels where the byte products take them (`pack_byte_panels`), else as they are (`packed_layout`)."""
+    layout = packed_layout(w.dtype, w.shape[-1])
+    return w if layout is None else _pack(w, *layout)
+
+
+def packed_layout(dtype: Any, K: int) -> tuple[int, int] | None:
+    """(lanes, group) of `_pack` for weights of this dtype and K inputs as `pack_weights` packs them: float32 in
+    panels of 16 outputs, one input at a time; int8 where the byte products take them, in panels of 8, four inputs
+    together; None: left as they are."""
+    if np.dtype(dtype) == np.float32:
+        return PANEL, 1
+    return (BYTE_PANEL, 4) if INT8_DOT and K % 32 == 0 else None
 
 
 def _byte_panel_kernel(rows: int, panels: int) -> Any:
@@ -289,6 +295,41 @@ def _float_weights(w: Any) -> bool:
 def _float_weights_compiled(w):  # type: ignore[no-untyped-def]
     is_float = w.dtype == types.float32
     return lambda w: is_float
+
+
+@njit(inline="always", cache=True)
+def packed_offset(v, k, rows, K, lanes, group):  # type: ignore[no-untyped-def]  # pragma: no cover - compiled
+    """Where weight (v, k) of a (rows, K) matrix packed by `_pack(w, lanes, group)` lies in its flat array."""
+    if v >= rows - rows % lanes:  # the last rows % lanes rows, as they are
+        return v * K + k
+    return (v // lanes) * lanes * K + (k // group) * lanes * group + (v % lanes) * group + k % group
+
+
+def _table_value(table: Any, v: int, d: int, D: int) -> Any:
+    """Entry (v, d) of an embedding table of width D: a (V, D) array as it is, or a flat (V * D,) one holding a
+    tied output projection's weights as `pack_weights` packed them, which the fused step then reads in place of a
+    second copy of the table (`FusedStep.share_table`). Which of the two is known when compiling."""
+    raise NotImplementedError("compiled only")
+
+
+@overload(_table_value)
+def _table_value_compiled(table, v, d, D):  # type: ignore[no-untyped-def]
+    if table.ndim == 2:
+        return lambda table, v, d, D: table[v, d]
+    lanes, group = (PANEL, 1) if table.dtype == types.float32 else (BYTE_PANEL, 4)  # packed: `packed_layout`
+    return lambda table, v, d, D: table[packed_offset(v, d, table.shape[0] // D, D, lanes, group)]
+
+
+@njit(fastmath=FAST, nogil=True, cache=True)
+def embed(x, tokens, table, table_scale, emb_scale, positions, pos):  # type: ignore[no-untyped-def]  # pragma: no cover
+    """x (B, D) = the embeddings of tokens (B,) at positions pos[:B]: the table's row, float32 or int8 with a
+    multiplier per row (`table_scale`; ones for float32), times emb_scale, plus the position's row. The table is
+    (V, D), or flat: a tied output projection's packed weights (`_table_value`)."""
+    D = x.shape[1]
+    for r in range(x.shape[0]):
+        v = tokens[r]
+        for d in range(D):
+            x[r, d] = np.float32(_table_value(table, v, d, D)) * table_scale[v] * emb_scale + positions[pos[r], d]
 
 
 def _flag_at(context: Any, builder: Any, signature: Any, args: Any) -> Any:
@@ -987,9 +1028,7 @@ def step(tokens, r0, pos, src_mask, self_kv, cross_kv, table, table_scale, posit
     L, _, _, H, _, Dh = self_kv.shape
     D = H * Dh
     x = np.empty((B, D), np.float32)
-    for r in range(B):
-        for d in range(D):
-            x[r, d] = np.float32(table[tokens[r], d]) * table_scale[tokens[r]] * emb_scale + positions[pos[r0 + r], d]
+    embed(x, tokens, table, table_scale, emb_scale, positions, pos[r0:])
     h, qkv, a, f, none, no_weights = _scratch(B, D, w_1.shape[1])
     lengths = np.empty(B, np.int64)
     for r in range(B):
@@ -1091,9 +1130,7 @@ def step_parts(tokens, r0, pos, src_mask, self_kv, cross_kv, table, table_scale,
     F = w_1.shape[1]
     x = np.empty((B, D), np.float32)  # the stream (this part's own copy: the embeddings, post-norm's normed sums)
     hn = np.empty((B, D), np.float32)  # the next product's input (this part's own copy)
-    for r in range(B):
-        for d in range(D):
-            x[r, d] = np.float32(table[tokens[r], d]) * table_scale[tokens[r]] * emb_scale + positions[pos[r0 + r], d]
+    embed(x, tokens, table, table_scale, emb_scale, positions, pos[r0:])
     # written by column (or head) share, read whole after a meeting
     qkv = shared[: B * 3 * D].reshape(B, 3 * D)
     a = shared[B * 3 * D : B * 4 * D].reshape(B, D)
@@ -1224,7 +1261,7 @@ def step_worker(control, w, rounds, flags, args):  # type: ignore[no-untyped-def
             _flag_store(control, at + DONE, go)
             return 1
         rows, S, T, H = control[ROWS], control[MAX_SRC], control[MAX_TGT], control[HEADS]
-        L, D, F, V = args[4].shape[0], args[0].shape[1], args[31].shape[1], args[41].shape[0]  # (FusedStep._args)
+        L, D, F, V = args[4].shape[0], args[2].shape[1], args[31].shape[1], args[41].shape[0]  # (FusedStep._args)
         r0, n = control[at + R0], control[at + N]
         ids = carray(_pointer(control[IDS] + 8 * r0, i64), (n,))
         logits = carray(_pointer(control[LOGITS] + 4 * V * r0, f32), (n, V))

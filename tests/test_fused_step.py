@@ -14,7 +14,7 @@ from torch import nn
 pytest.importorskip("numba", reason="the fused step needs numba (the GPU script's bare machine lacks it)")
 
 from model import calibrate, fused_step  # noqa: E402
-from model.checkpoint import LoadedModel, quantize_int8  # noqa: E402
+from model.checkpoint import LoadedModel, quantize_int8, release_linear_weights  # noqa: E402
 from model.decode import DecodeBatch  # noqa: E402
 from model.frozen import FrozenTransformer, freeze  # noqa: E402
 from model.fused_step import FusedStep, _weights  # noqa: E402
@@ -27,6 +27,7 @@ from model.kernels import (  # noqa: E402
     _product_cols,
     _rows1,
     _rows2,
+    embed,
     pack_panels,
     pack_weights,
     weight_sums,
@@ -385,3 +386,90 @@ def test_warming_the_parts_compiles_them_and_starts_no_thread() -> None:
     before = threading.active_count()
     net.warm_parts()
     assert net.fused.hot is None and threading.active_count() == before
+
+
+@pytest.mark.parametrize("dtype", ["float32", "rows8", "int8"])
+def test_tied_tables_are_read_from_the_packed_output_projection(dtype: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A tied output projection is the target embedding table, number for number: the fused step reads the table
+    from the projection's packed weights (a vocabulary of 99 pieces: panels and the rows after the last whole panel)
+    and, once the operator step's weights are released, so do the encoder's and decoder's lookups, and the modules'
+    tables go: the same logits bit for bit as from the table's own copy, the same rows, the same tokens. int8 with
+    input ranges (float32 tables, int8 projection) keeps its tables."""
+    if dtype != "float32" and not INT8_DOT:
+        pytest.skip("large int8 models keep the operator step without AVX2's byte products")
+    monkeypatch.setattr(fused_step, "MAX_WEIGHT_BYTES", 1000)
+    cfg = tiny_config(vocab_size=99)
+    rows8 = dtype == "rows8"
+    if dtype == "int8":
+        model = tiny_model(cfg)
+        ranges = calibrate.measure(freeze(model, fused=False), SOURCES, GenerationConfig(max_new_tokens=12))
+        model = quantize_int8(model)
+        net, plain = freeze(model), freeze(model, fused=False)
+        calibrate.apply(net, ranges)
+        calibrate.apply(plain, ranges)
+    else:
+        model = tiny_model(cfg)
+        net, plain = freeze(model, rows8=rows8), freeze(model, fused=False, rows8=rows8)
+    fused = net.fused
+    assert fused is not None and fused.large and fused.tied == (dtype != "int8")
+    if dtype == "int8":
+        assert net.release_operator_decoder() and isinstance(net.src_table, torch.Tensor)
+        return
+    assert fused.arrays["table"].ndim == 1  # flat: read through the panels
+    own = freeze(model, rows8=rows8)  # the same step reading the table's own (V, D) copy
+    assert own.fused is not None
+    table = plain.tgt_table
+    own.fused.arrays["table"] = table.q.numpy() if rows8 else table.numpy()  # type: ignore[union-attr]
+    own.fused.arrays["table_scale"] = (table.row_scale.numpy() if rows8  # type: ignore[union-attr]
+                                       else np.ones(99, np.float32))
+    own.fused.changed()
+    for a, b in zip(steps(net, 6), steps(own, 6), strict=True):
+        assert torch.equal(a, b)
+    rows = [np.empty((99, 32), np.float32) for _ in range(2)]  # every piece, panels and the rows after them
+    for x, step in zip(rows, (net.fused, own.fused), strict=True):
+        a = step.arrays
+        embed(x, np.arange(99), a["table"], a["table_scale"], np.float32(1.0), np.zeros((1, 32), np.float32),
+              np.zeros(99, np.int64))
+    assert np.array_equal(rows[0], rows[1])
+    ids = torch.arange(99).view(9, 11)
+    assert net.release_operator_decoder() and net.src_table is net.tgt_table
+    zero = torch.zeros(11, 32)
+    assert torch.equal(net.embed(net.src_table, ids, zero), plain.embed(plain.src_table, ids, zero))
+    release_linear_weights(model, net)
+    assert model.src_embed.weight.numel() == 0 and model.tgt_embed.weight.numel() == 0
+    for config in (GenerationConfig(max_new_tokens=12), GenerationConfig(max_new_tokens=12, beam_size=3)):
+        with torch.inference_mode():
+            a, b = generate(net, SOURCES, config, max_rows=12), generate(plain, SOURCES, config, max_rows=12)
+        assert [h[0].tokens for h in a] == [h[0].tokens for h in b]
+
+
+def test_a_helper_that_fails_before_its_first_step_fails_the_step(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A helper thread whose loop raises before it takes any step (a typing error in a new compiled signature, say)
+    makes the caller's step raise, instead of leaving it spinning for a part that will never be done."""
+    net, _ = nets("float32", norm="pre", activation="relu")
+    fused = net.fused
+    assert fused is not None
+
+    def broken(*args: Any) -> int:
+        raise ValueError("no such signature")
+
+    monkeypatch.setattr(fused_step, "step_worker", broken)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(2)
+    outcome: list[BaseException | None] = []
+
+    def run() -> None:
+        try:
+            steps(net, 1)
+            outcome.append(None)
+        except BaseException as e:  # noqa: BLE001 - handed to the test
+            outcome.append(e)
+
+    try:
+        thread = threading.Thread(target=run, daemon=True)
+        thread.start()
+        thread.join(60)
+    finally:
+        torch.set_num_threads(threads)
+    assert not thread.is_alive(), "the step waited for a helper that had failed"
+    assert isinstance(outcome[0], RuntimeError) and isinstance(outcome[0].__cause__, ValueError)
