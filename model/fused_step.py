@@ -310,7 +310,7 @@ class FusedStep:
         for name in (*PRODUCTS, "out"):
             arrays[f"c_{name}"] = weight_sums(arrays[f"w_{name}"])
             arrays[f"w_{name}"] = pack_weights(arrays[f"w_{name}"])  # as the products read them
-        if tied:  # the step reads the table in the packed projection (flat: `kernels._table_value`), so may others
+        if tied:  # the step reads the table in the packed projection (flat: `kernels._table_row`), so may others
             w = arrays["w_out"]
             arrays["table"] = w if packed_layout(w.dtype, w.shape[1]) is None else w.reshape(-1)
             arrays["table_scale"] = arrays["s_out"]

@@ -297,39 +297,48 @@ def _float_weights_compiled(w):  # type: ignore[no-untyped-def]
     return lambda w: is_float
 
 
-@njit(inline="always", cache=True)
-def packed_offset(v, k, rows, K, lanes, group):  # type: ignore[no-untyped-def]  # pragma: no cover - compiled
-    """Where weight (v, k) of a (rows, K) matrix packed by `_pack(w, lanes, group)` lies in its flat array."""
-    if v >= rows - rows % lanes:  # the last rows % lanes rows, as they are
-        return v * K + k
-    return (v // lanes) * lanes * K + (k // group) * lanes * group + (v % lanes) * group + k % group
-
-
-def _table_value(table: Any, v: int, d: int, D: int) -> Any:
-    """Entry (v, d) of an embedding table of width D: a (V, D) array as it is, or a flat (V * D,) one holding a
-    tied output projection's weights as `pack_weights` packed them, which the fused step then reads in place of a
-    second copy of the table (`FusedStep.share_table`). Which of the two is known when compiling."""
+def _table_row(raw: Any, table: Any, v: int) -> None:
+    """raw (D,) float32 = row v of an embedding table: a (V, D) array as it is, or a flat (V * D,) one holding a
+    tied output projection's weights as `pack_weights` packed them (`_pack`: panels of `lanes` rows, `group`
+    inputs of a row together), which the fused step then reads in place of a second copy of the table
+    (`FusedStep.tied`). Which of the two is known when compiling."""
     raise NotImplementedError("compiled only")
 
 
-@overload(_table_value)
-def _table_value_compiled(table, v, d, D):  # type: ignore[no-untyped-def]
+@overload(_table_row)
+def _table_row_compiled(raw, table, v):  # type: ignore[no-untyped-def]
     if table.ndim == 2:
-        return lambda table, v, d, D: table[v, d]
-    lanes, group = (PANEL, 1) if table.dtype == types.float32 else (BYTE_PANEL, 4)  # packed: `packed_layout`
-    return lambda table, v, d, D: table[packed_offset(v, d, table.shape[0] // D, D, lanes, group)]
+        def plain(raw, table, v):  # type: ignore[no-untyped-def]
+            for d in range(raw.shape[0]):
+                raw[d] = np.float32(table[v, d])
+        return plain
+    lanes, group = (PANEL, 1) if table.dtype == types.float32 else (BYTE_PANEL, 4)  # `packed_layout`
+
+    def packed(raw, table, v):  # type: ignore[no-untyped-def]
+        D = raw.shape[0]
+        rows = table.shape[0] // D
+        if v >= rows - rows % lanes:  # the last rows % lanes rows, as they are
+            for d in range(D):
+                raw[d] = np.float32(table[v * D + d])
+            return
+        at = (v // lanes) * lanes * D + (v % lanes) * group  # the row's first input in its panel
+        for g in range(D // group):
+            for j in range(group):
+                raw[g * group + j] = np.float32(table[at + g * lanes * group + j])
+    return packed
 
 
 @njit(fastmath=FAST, nogil=True, cache=True)
 def embed(x, tokens, table, table_scale, emb_scale, positions, pos):  # type: ignore[no-untyped-def]  # pragma: no cover
-    """x (B, D) = the embeddings of tokens (B,) at positions pos[:B]: the table's row, float32 or int8 with a
-    multiplier per row (`table_scale`; ones for float32), times emb_scale, plus the position's row. The table is
-    (V, D), or flat: a tied output projection's packed weights (`_table_value`)."""
+    """x (B, D) = the embeddings of tokens (B,) at positions pos[:B]: the table's row (`_table_row`), float32 or
+    int8 with a multiplier per row (`table_scale`; ones for float32), times emb_scale, plus the position's row."""
     D = x.shape[1]
+    raw = np.empty(D, np.float32)
     for r in range(x.shape[0]):
         v = tokens[r]
+        _table_row(raw, table, v)
         for d in range(D):
-            x[r, d] = np.float32(_table_value(table, v, d, D)) * table_scale[v] * emb_scale + positions[pos[r], d]
+            x[r, d] = raw[d] * table_scale[v] * emb_scale + positions[pos[r], d]
 
 
 def _flag_at(context: Any, builder: Any, signature: Any, args: Any) -> Any:
