@@ -225,6 +225,7 @@ def load(directory: Path | str, device: str = "auto", dtype: str = "float32",
         calibrate.apply(net, ranges)
     if not keep_modules:
         net.release_operator_decoder()  # large models: the fused step's copy of the decoder is the one
+        net.release_operator_encoder()  # the fused encoder's copy, where it takes every length
         release_linear_weights(model, net)  # (after: the tables go too where the fused step's copy serves them)
     return_freed_memory()
     return LoadedModel(meta.path, meta.info, model, meta.tokenizer, meta.generation, dtype, parameters, net,

@@ -243,6 +243,7 @@ class FrozenTransformer:
         # the step of a few rows as one compiled function, on the CPU in float32 or int8 (model.fused_step)
         self.fused = FusedStep.build(model, self) if fused and not half and FusedStep is not None else None
         self.operator_decoder = True  # whether the operator step's weights are here (`release_operator_decoder`)
+        self.operator_encoder = True  # whether the operator encoder's weights are here (`release_operator_encoder`)
         # and the encoder of short sentences (model.fused_encoder)
         self.fused_encoder = (FusedEncoder.build(model, self) if fused and not half and FusedEncoder is not None
                               else None)
@@ -268,6 +269,22 @@ class FrozenTransformer:
         if table is not None:
             self.tgt_table = table
             self.src_table = table if shared else self.src_table
+        return True
+
+    def release_operator_encoder(self) -> bool:
+        """Where the fused encoder takes sentences of every length (`FusedEncoder.max_tokens`) and can run, drop the
+        operator encoder's and the cross K/V product's weights, its copy of the same numbers (int8 on the OPUS-MT
+        geometry: about 22 MB). Returns whether it did. Afterwards the operator encoder cannot run: calibration,
+        which observes its products, needs a network that kept it (`checkpoint.load(keep_modules=True)`)."""
+        fused = self.fused_encoder
+        if fused is None or fused.max_tokens < self.cfg.max_positions or not fused.ready():
+            return False
+        for layer in self.encoder:
+            for p in vars(layer).values():
+                if isinstance(p, Projection):
+                    p.release()
+        self.cross_kv_proj.release()
+        self.operator_encoder = False
         return True
 
     def products_changed(self) -> None:
@@ -304,6 +321,10 @@ class FrozenTransformer:
     def encode_packed(self, src: Tensor) -> tuple[Tensor, Tensor, Packing | None]:
         """src (B, S) padded with pad_id -> the encoder's output at real tokens (N, D), source mask (B, S), packing."""
         B, S = src.shape
+        if not self.operator_encoder:
+            raise RuntimeError("this network's operator encoder was released (`release_operator_encoder`): it encodes "
+                               "through its fused encoder alone, which does not take this encoding (calibrating? load "
+                               "with keep_modules=True)")
         src_mask = src != self.cfg.pad_id
         packing = None if bool(src_mask.all()) else Packing(src_mask)
         x = self.embed(self.src_table, src, self.positions[:S]).view(B * S, -1)

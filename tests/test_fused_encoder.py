@@ -2,15 +2,20 @@
 
 from __future__ import annotations
 
+import math
+
 import pytest
 import torch
 
 pytest.importorskip("numba", reason="the fused encoder needs numba (the GPU script's bare machine lacks it)")
 
 from model import frozen, fused_encoder  # noqa: E402
-from model.frozen import FrozenTransformer  # noqa: E402
+from model.frozen import FrozenTransformer, freeze  # noqa: E402
 from model.fused_encoder import FusedEncoder  # noqa: E402
-from tests.test_fused_step import nets  # noqa: E402
+from model.generation import GenerationConfig  # noqa: E402
+from model.search import generate  # noqa: E402
+from tests.test_fused_step import SOURCES, nets  # noqa: E402
+from tests.tiny import tiny_config, tiny_model  # noqa: E402
 
 SHORT = [[5, 9, 14, 22, 7, 2], [30, 2], [40, 41, 42, 2]]
 LONG = [list(range(10, 40)) + [2], list(range(50, 77)) + [2]]  # longer than the limits the tests set (`max_tokens`)
@@ -156,3 +161,30 @@ def test_the_operator_encoder_attends_by_length_as_sdpa_does_over_the_padded_bat
     padded = encode(plain, sources)
     for a, b in zip(by_length, padded, strict=True):
         assert (a - b).abs().max() <= 1e-5 * b.abs().max()
+
+
+@pytest.mark.parametrize("dtype", ["float32", "int8", "rows8"])
+def test_a_released_operator_encoder_leaves_the_fused_encoders_outputs(dtype: str) -> None:
+    """Where the fused encoder takes every length, loading with keep_modules=False drops the operator encoder's
+    weights (`release_operator_encoder`): the same tokens as a network that kept them, and the operator encoder, which
+    calibration needs, refuses with a clear error instead of reading weights that are gone."""
+    if dtype == "rows8":
+        model = tiny_model(tiny_config())
+        net, plain = freeze(model, rows8=True), freeze(model, fused=False, rows8=True)
+    else:
+        net, plain = nets(dtype, norm="pre", activation="relu")
+    assert plain.release_operator_encoder() is False  # no fused encoder to take its place
+    fused = net.fused_encoder
+    if fused is None or fused.max_tokens < net.cfg.max_positions:
+        pytest.skip("this CPU's fused int8 encoder takes short sentences only")
+    assert net.release_operator_encoder() and not net.operator_encoder
+    configs = (GenerationConfig(max_new_tokens=12), GenerationConfig(max_new_tokens=12, beam_size=3))
+    for config in configs:
+        with torch.inference_mode():
+            a, b = generate(net, SOURCES, config, max_rows=12), generate(plain, SOURCES, config, max_rows=12)
+        assert [h[0].tokens for h in a] == [h[0].tokens for h in b]
+    for p in net.projections().values():  # calibration observes the operator encoder's products
+        p.observed = torch.full((2,), math.inf)
+    net.products_changed()
+    with pytest.raises(RuntimeError, match="released"), torch.inference_mode():
+        generate(net, SOURCES[:1], configs[0])
