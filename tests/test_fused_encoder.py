@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import math
-
 import pytest
 import torch
 
@@ -13,8 +11,7 @@ from model import frozen, fused_encoder  # noqa: E402
 from model.frozen import FrozenTransformer, freeze  # noqa: E402
 from model.fused_encoder import FusedEncoder  # noqa: E402
 from model.generation import GenerationConfig  # noqa: E402
-from model.search import generate  # noqa: E402
-from tests.test_fused_step import SOURCES, nets  # noqa: E402
+from tests.test_fused_step import nets, released_decodes_as_kept  # noqa: E402
 from tests.tiny import tiny_config, tiny_model  # noqa: E402
 
 SHORT = [[5, 9, 14, 22, 7, 2], [30, 2], [40, 41, 42, 2]]
@@ -178,13 +175,5 @@ def test_a_released_operator_encoder_leaves_the_fused_encoders_outputs(dtype: st
     if fused is None or fused.max_tokens < net.cfg.max_positions:
         pytest.skip("this CPU's fused int8 encoder takes short sentences only")
     assert net.release_operator_encoder() and not net.operator_encoder
-    configs = (GenerationConfig(max_new_tokens=12), GenerationConfig(max_new_tokens=12, beam_size=3))
-    for config in configs:
-        with torch.inference_mode():
-            a, b = generate(net, SOURCES, config, max_rows=12), generate(plain, SOURCES, config, max_rows=12)
-        assert [h[0].tokens for h in a] == [h[0].tokens for h in b]
-    for p in net.projections().values():  # calibration observes the operator encoder's products
-        p.observed = torch.full((2,), math.inf)
-    net.products_changed()
-    with pytest.raises(RuntimeError, match="released"), torch.inference_mode():
-        generate(net, SOURCES[:1], configs[0])
+    released_decodes_as_kept(net, plain, (GenerationConfig(max_new_tokens=12),
+                                          GenerationConfig(max_new_tokens=12, beam_size=3)))

@@ -284,13 +284,20 @@ def test_large_models_decode_fused_with_their_weights_once(dtype: str, monkeypat
     threads = torch.get_num_threads()
     assert fused.takes(FusedStep.max_rows_large * threads) and not fused.takes(FusedStep.max_rows_large * threads + 1)
     assert net.release_operator_decoder() and not net.operator_decoder and fused.takes(1000) and fused.ready()
-    configs = (GenerationConfig(max_new_tokens=12), GenerationConfig(max_new_tokens=12, beam_size=3),
-               GenerationConfig(max_new_tokens=12, alignment=True))
+    released_decodes_as_kept(net, plain, (GenerationConfig(max_new_tokens=12), GenerationConfig(
+        max_new_tokens=12, beam_size=3), GenerationConfig(max_new_tokens=12, alignment=True)))
+
+
+def released_decodes_as_kept(net: FrozenTransformer, plain: FrozenTransformer,
+                             configs: tuple[GenerationConfig, ...]) -> None:
+    """A network whose operator weights were released (`release_operator_decoder`, `release_operator_encoder`)
+    gives the tokens of one that kept them, and refuses calibration, which observes the operator products, with a
+    clear error instead of reading weights that are gone."""
     for config in configs:
         with torch.inference_mode():
             a, b = generate(net, SOURCES, config, max_rows=12), generate(plain, SOURCES, config, max_rows=12)
         assert [h[0].tokens for h in a] == [h[0].tokens for h in b]
-    for p in net.projections().values():  # calibration observes the operator step's products
+    for p in net.projections().values():
         p.observed = torch.full((2,), math.inf)
     net.products_changed()
     with pytest.raises(RuntimeError, match="released"), torch.inference_mode():
