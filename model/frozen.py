@@ -263,12 +263,10 @@ class FrozenTransformer:
                 p.release()
         self.out.release()
         self.operator_decoder = False
-        shared = self.src_table is self.tgt_table or (isinstance(self.src_table, Tensor) and isinstance(
-            self.tgt_table, Tensor) and self.src_table.data_ptr() == self.tgt_table.data_ptr())
         table = fused.share_table()  # a tied output projection: its packed weights are the table too
         if table is not None:
             self.tgt_table = table
-            self.src_table = table if shared else self.src_table
+            self.src_table = table if self.cfg.share_embeddings else self.src_table
         return True
 
     def release_operator_encoder(self) -> bool:

@@ -301,10 +301,8 @@ class FusedStep:
         table = net.tgt_table
         if isinstance(table, Int8Table):
             arrays["table"], arrays["table_scale"] = table.q.numpy(), table.row_scale.numpy()
-        elif isinstance(table, Tensor):
-            arrays["table"], arrays["table_scale"] = table.numpy(), np.ones(table.shape[0], np.float32)
-        else:  # a network's table already read from a fused step's panels: built once, not again
-            return None
+        else:  # (a network being built: its table is not yet a `PackedTable`, which comes from this step)
+            arrays["table"], arrays["table_scale"] = cast(Tensor, table).numpy(), np.ones(table.shape[0], np.float32)
         # the output projection is the table, number for number (float32, or the same int8 rows and multipliers)
         tied = (cfg.tie_output and arrays["table"].dtype == arrays["w_out"].dtype
                 and np.array_equal(arrays["table"], arrays["w_out"])
