@@ -218,7 +218,7 @@ class FrozenTransformer:
     """Encoding, cross-attention K/V and the incremental decode step of a Transformer, for inference only."""
 
     def __init__(self, model: Transformer, prepack: bool = True, half: bool = False, fused: bool = True,
-                 rows8: bool = False) -> None:
+                 rows8: bool = False, defer: bool = False) -> None:
         cfg = self.cfg = model.cfg
         self.rows8 = rows8  # int8 with a scale per input row (`model.projection.Rows8`)
         self.src_table: Tensor | Int8Table | PackedTable = model.src_embed.weight.detach()
@@ -232,7 +232,7 @@ class FrozenTransformer:
         H, pre = cfg.n_heads, cfg.norm == "pre"
         encoder = cast(list[EncoderLayer], list(model.encoder))
         decoder = cast(list[DecoderLayer], list(model.decoder))
-        proj = functools.partial(Projection, prepack=prepack, half=half, rows8=rows8)
+        proj = functools.partial(Projection, prepack=prepack, half=half, rows8=rows8, defer=defer)
         self.encoder = [FrozenEncoderLayer(layer, H, proj) for layer in encoder]
         self.decoder = [FrozenDecoderLayer(layer, H, proj) for layer in decoder]
         norms = [cast(nn.LayerNorm, model.encoder_norm), cast(nn.LayerNorm, model.decoder_norm)]
@@ -453,7 +453,7 @@ class FrozenTransformer:
 
 
 def freeze(model: Transformer, prepack: bool = True, half: bool = False, fused: bool = True,
-           rows8: bool = False) -> FrozenTransformer:
+           rows8: bool = False, defer: bool = False) -> FrozenTransformer:
     """The network prepared for inference (fused and prepacked weights); encoding and the decode step go through it.
 
     Built anew at each call: freeze once after loading (or after each training stretch) and keep the result.
@@ -461,5 +461,8 @@ def freeze(model: Transformer, prepack: bool = True, half: bool = False, fused: 
     half=True (CPU, float32 model): every product reads float16 weights and computes in float32 (`Projection`).
     fused=False: every step runs operator by operator (the reference `model.fused_step` is tested against).
     rows8=True (CPU, float32 model): int8 products with a scale per input row (`model.projection.Rows8`).
+    defer=True: the operator products' float and `Rows8` weights are packed later (`Projection.pack`, or at a
+    product's first call), so that those the fused step and encoder take over (`release_operator_decoder`,
+    `release_operator_encoder`) are never packed at all: `checkpoint.load(keep_modules=False)`.
     """
-    return FrozenTransformer(model, prepack, half, fused, rows8)
+    return FrozenTransformer(model, prepack, half, fused, rows8, defer)

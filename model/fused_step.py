@@ -53,7 +53,7 @@ from model.kernels import (
     weight_sums,
 )
 from model.kernels import step as _step
-from model.projection import Int8Table, PackedTable, int8_weight_bias, stacked_bias
+from model.projection import Int8Table, PackedTable, Rows8, int8_weight_bias, stacked_bias
 
 if TYPE_CHECKING:
     from model.cache import KVCache
@@ -107,8 +107,8 @@ def input_ranges(projections: dict[str, Projection], per_layer: Sequence[str], l
             p = projections[f"{name}.{i}" if name != last else last]
             if p.observed is not None or (p.int8 is not None and p.static is None):
                 return None
-            if p.rows8 is not None:
-                rows.append(list(p.rows8.QUANT))
+            if p.per_row:
+                rows.append(list(Rows8.QUANT))
                 continue
             scale, zp = p.static if p.static is not None else (1.0, 0)
             rows.append([1.0 / scale, scale, zp, 1.0 if p.static is not None else 0.0])

@@ -8,6 +8,7 @@ modules) the same structure through F.linear or the quantized modules. model/fro
 
 from __future__ import annotations
 
+import functools
 import warnings
 from collections.abc import Sequence
 from typing import Any, cast
@@ -81,7 +82,7 @@ class Projection:
     """
 
     def __init__(self, linears: Sequence[nn.Module], activation: str | None = None, bias: Tensor | None = None,
-                 prepack: bool = True, half: bool = False, rows8: bool = False) -> None:
+                 prepack: bool = True, half: bool = False, rows8: bool = False, defer: bool = False) -> None:
         self.act = ACTIVATION_FUNCTIONS[activation] if activation else None
         self.post_op = ONEDNN_ACTIVATIONS[activation] if activation else ("none", "")
         self.int8: Any = None  # fbgemm's packed weight and bias
@@ -93,35 +94,53 @@ class Projection:
         self.bias: Tensor | None = None
         self.one_row: Tensor | None = None  # (in, out) contiguous: the plain GEMM for one row (ONE_ROW_PLAIN_MAX)
         self.rows8: Rows8 | None = None  # int8 with a scale per input row (`rows8=True`)
+        self.per_row = rows8 and not all(isinstance(m, QuantizedLinear) for m in linears)  # `Rows8`'s arithmetic
+        # defer=True (float weights, `Rows8`): packed by `pack` or the first call, not now; a network loaded to
+        # decode builds its fused step first and packs only the products that step leaves to this one
+        self.pending: functools.partial[None] | None = None
+        self.linears = list(linears)  # the modules it was made from (whose weights a decoding process may drop)
+        self.released = False
         with torch.no_grad():
             if all(isinstance(m, QuantizedLinear) for m in linears):
                 bias = bias.detach() if bias is not None else None
                 self.int8 = stacked_int8(cast(list[QuantizedLinear], list(linears)), bias)
                 return
             dense = cast(list[nn.Linear], list(linears))
-            weight = (dense[0].weight if len(dense) == 1 else torch.cat([m.weight for m in dense])).detach()
             bias = bias if bias is not None else stacked_bias(dense)
             self.bias = bias.detach() if bias is not None else None
-            if rows8:
-                self.rows8 = Rows8(weight, self.bias, activation)
-                return
-            if half:
-                if weight.device.type != "cpu" or weight.dtype != torch.float32:
-                    raise ValueError("float16 weights with float32 arithmetic run on the CPU, from float32 weights")
-                rounded = weight.half().float()  # the one-row product below reads the same numbers
-                self.half = torch.ops.quantized.linear_prepack_fp16(rounded, self.bias)
-                if rounded.numel() <= ONE_ROW_PLAIN_MAX:
-                    self.one_row = rounded.t().contiguous()
-                return
-            self.onednn = prepack and onednn_usable(weight)
-            if self.onednn and weight.numel() <= ONE_ROW_PLAIN_MAX:
-                self.one_row = weight.t().contiguous()
-            self.weight = torch.ops.mkldnn._reorder_linear_weight(weight, None) if self.onednn else weight
+            self.pending = functools.partial(self._pack, dense, activation, prepack, half, rows8)
+            if not defer:
+                self.pack()
+
+    def pack(self) -> None:
+        """Pack the weights of a product made with defer=True (nothing once packed or released)."""
+        pending, self.pending = self.pending, None
+        if pending is not None:
+            with torch.no_grad():
+                pending()
+
+    def _pack(self, dense: list[nn.Linear], activation: str | None, prepack: bool, half: bool, rows8: bool) -> None:
+        weight = (dense[0].weight if len(dense) == 1 else torch.cat([m.weight for m in dense])).detach()
+        if rows8:
+            self.rows8 = Rows8(weight, self.bias, activation)
+            return
+        if half:
+            if weight.device.type != "cpu" or weight.dtype != torch.float32:
+                raise ValueError("float16 weights with float32 arithmetic run on the CPU, from float32 weights")
+            rounded = weight.half().float()  # the one-row product below reads the same numbers
+            self.half = torch.ops.quantized.linear_prepack_fp16(rounded, self.bias)
+            if rounded.numel() <= ONE_ROW_PLAIN_MAX:
+                self.one_row = rounded.t().contiguous()
+            return
+        self.onednn = prepack and onednn_usable(weight)
+        if self.onednn and weight.numel() <= ONE_ROW_PLAIN_MAX:
+            self.one_row = weight.t().contiguous()
+        self.weight = torch.ops.mkldnn._reorder_linear_weight(weight, None) if self.onednn else weight
 
     def release(self) -> None:
         """Drop this product's weights (the network's fused step holds its own copy and takes its steps): it cannot
         run afterwards. What the fused step reads of it stays: its input ranges, and which int8 arithmetic it is."""
-        self.weight, self.one_row, self.int8 = torch.empty(0), None, None
+        self.weight, self.one_row, self.int8, self.pending, self.released = torch.empty(0), None, None, None, True
         if self.rows8 is not None:
             self.rows8.packed = None
 
@@ -137,6 +156,8 @@ class Projection:
         self.static = (scale, min(127, max(0, round(-lo / scale))))
 
     def __call__(self, x: Tensor, residual: Tensor | None = None) -> Tensor:
+        if self.pending is not None:
+            self.pack()
         if self.observed is not None:
             self.observed = torch.minimum(self.observed, torch.stack([x.min(), -x.max()]))
         if self.rows8 is not None:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 import threading
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -13,7 +14,8 @@ from torch import nn
 
 pytest.importorskip("numba", reason="the fused step needs numba (the GPU script's bare machine lacks it)")
 
-from model import calibrate, fused_step  # noqa: E402
+from model import calibrate, checkpoint, fused_step  # noqa: E402
+from model import fused_encoder as fused_encoder_module  # noqa: E402
 from model.checkpoint import LoadedModel, quantize_int8, release_linear_weights  # noqa: E402
 from model.decode import DecodeBatch  # noqa: E402
 from model.frozen import FrozenTransformer, freeze  # noqa: E402
@@ -480,3 +482,35 @@ def test_a_helper_that_fails_before_its_first_step_fails_the_step(monkeypatch: p
         torch.set_num_threads(threads)
     assert not thread.is_alive(), "the step waited for a helper that had failed"
     assert isinstance(outcome[0], RuntimeError) and isinstance(outcome[0].__cause__, ValueError)
+
+
+@pytest.mark.parametrize("dtype", ["float32", "int8"])
+@pytest.mark.parametrize("fused_encoder", [True, False])
+def test_a_lean_load_never_packs_what_the_fused_parts_take(tiny_model_dir: Path, dtype: str, fused_encoder: bool,
+                                                           monkeypatch: pytest.MonkeyPatch) -> None:
+    """Loading to decode (keep_modules=False) builds the network with its operator products deferred
+    (`freeze(defer=True)`): where the fused step takes every step (a large model) the operator decoder's products
+    are released without ever being packed, what still runs (the operator encoder, where no fused one takes its
+    place) is packed while loading, and the tokens are those of a network loaded whole."""
+    if dtype == "int8" and not INT8_DOT:
+        pytest.skip("large int8 models keep the operator step without AVX2's byte products")
+    monkeypatch.setattr(fused_step, "MAX_WEIGHT_BYTES", 1000)
+    if not fused_encoder:
+        monkeypatch.setattr(fused_encoder_module, "MAX_WEIGHT_BYTES", 1000)
+    packed: list[Projection] = []
+    pack = Projection._pack
+    monkeypatch.setattr(Projection, "_pack", lambda self, *args: (packed.append(self), pack(self, *args))[1])
+    lean = checkpoint.load(tiny_model_dir, device="cpu", dtype=dtype, int8="rows", keep_modules=False)
+    net = lean.net
+    assert not net.operator_decoder and net.operator_encoder != fused_encoder
+    products = net.projections()
+    assert all(p.pending is None for p in products.values())
+    decoder = [p for name, p in products.items() if name.startswith("decoder.") or name == "out"]
+    encoder = [p for name, p in products.items() if name.startswith("encoder.") or name == "cross_kv"]
+    assert decoder and all(p.released and not any(p is q for q in packed) for p in decoder)
+    assert encoder and all(any(p is q for q in packed) != fused_encoder for p in encoder)
+    full = checkpoint.load(tiny_model_dir, device="cpu", dtype=dtype, int8="rows")
+    sources = [full.tokenizer.encode(t) for t in ("Open the file.", "Save changes before closing.", "Disk full.")]
+    for config in (GenerationConfig(max_new_tokens=12), GenerationConfig(max_new_tokens=12, beam_size=3)):
+        a, b = generate(lean.net, sources, config), generate(full.net, sources, config)
+        assert [h[0].tokens for h in a] == [h[0].tokens for h in b]  # (scores: the two steps' float rounding)

@@ -117,6 +117,57 @@ def test_one_row_plain_product_equals_the_prepacked_one(shape: tuple[int, ...]) 
             torch.testing.assert_close(one_row, plain, atol=1e-5, rtol=1e-5)
 
 
+@pytest.mark.parametrize("kind", ["float32", "rows8", "half"])
+def test_a_deferred_product_packs_at_its_first_call_and_equals_one_packed_at_once(kind: str) -> None:
+    """Projection(defer=True) (`freeze(defer=True)`: a decoding process's load) holds no packed weights until
+    `pack` or its first call, then gives the numbers of a product packed when made; released, it never packs."""
+    torch.manual_seed(0)
+    q, k = nn.Linear(48, 40), nn.Linear(48, 24, bias=False)
+    x = torch.randn(5, 48)
+    settings = {"rows8": kind == "rows8", "half": kind == "half"}
+    with torch.no_grad():
+        now = Projection([q, k], "relu", **settings)
+        later = Projection([q, k], "relu", defer=True, **settings)
+        assert later.pending is not None and later.weight is None and later.rows8 is None and later.half is None
+        assert later.per_row == now.per_row == (kind == "rows8")
+        assert torch.equal(later(x), now(x)) and later.pending is None
+        assert torch.equal(later(x[:1]), now(x[:1]))  # one row: the plain product of float32 weights
+        gone = Projection([q, k], "relu", defer=True, **settings)
+        gone.release()
+        gone.pack()
+        assert gone.released and gone.pending is None and gone.rows8 is None and gone.half is None
+
+
+def test_read_weights_fills_a_model_tensor_by_tensor_and_names_what_does_not_fit(tmp_path: Path) -> None:
+    """`checkpoint.read_weights`: float16 files cast as they are copied, a tied table stored once fills both
+    parameters, and a file that does not fit is refused before anything is copied, naming the tensors."""
+    from safetensors.torch import save_file, save_model
+
+    cfg = tiny_config()
+    source = tiny_model(cfg)
+    path = tmp_path / "model.safetensors"
+    save_model(source.half(), str(path))  # tied tables once
+    model = Transformer(cfg)
+    checkpoint.read_weights(model, path)
+    assert model.out_proj.weight is model.tgt_embed.weight
+    for name, tensor in source.state_dict().items():
+        assert torch.equal(model.state_dict()[name], tensor.float()), name
+    state = {k: v.float() for k, v in source.state_dict().items() if k != "out_proj.weight"}
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    bias = "decoder.1.ff.fc2.bias"
+    assert bias in state
+    for changed, match in (({k: v for k, v in state.items() if k != bias}, f"missing.*{bias}"),
+                           (state | {"extra": torch.zeros(2)}, "unexpected.*extra"),
+                           (state | {bias: torch.zeros(3)}, f"other shapes.*{bias}")):
+        save_file(changed, str(path))
+        with pytest.raises(ValueError, match=match):
+            checkpoint.read_weights(Transformer(cfg), path)
+    save_file(state | {bias: torch.zeros(3)}, str(path))
+    with pytest.raises(ValueError):
+        checkpoint.read_weights(model, path)
+    assert all(torch.equal(model.state_dict()[k], v) for k, v in before.items())  # nothing copied
+
+
 @pytest.mark.parametrize("rows", [1, 8])
 def test_attention_of_one_query_equals_sdpa(rows: int) -> None:
     g = torch.Generator().manual_seed(0)
