@@ -222,7 +222,8 @@ def with_workers(engine_specs: list[EngineSpec], probe: Job, fn: Callable[[dict[
                     worker.close()
         if not workers:
             raise SystemExit(f"every engine failed: {skipped}")
-        memory = {n: {"rss_before_load_mb": round(w.before_load_mb), "rss_loaded_mb": round(w.loaded_mb)}
+        memory = {n: {"rss_before_load_mb": round(w.before_load_mb), "rss_loaded_mb": round(w.loaded_mb),
+                      "rss_load_peak_mb": round(w.load_peak_mb)}
                   for n, w in workers.items()}
         return fn(workers), memory, skipped
     finally:
@@ -283,6 +284,15 @@ def corpus(model_dir: Path, src: Path, limit: int) -> tuple[Pieces, int]:
     return sources, loaded.generation.max_new_tokens
 
 
+def memory_report(memory: dict[str, dict[str, int]]) -> None:
+    """Each worker's RSS before loading its engine, once loaded, and its peak while loading (VmHWM)."""
+    print("| engine | RSS before loading MB | loaded MB (+) | peak while loading MB (+) |\n|---|---:|---:|---:|")
+    for name, m in memory.items():
+        before = m["rss_before_load_mb"]
+        print(f"| {name} | {before} | {m['rss_loaded_mb']} (+{m['rss_loaded_mb'] - before}) | "
+              f"{m['rss_load_peak_mb']} (+{m['rss_load_peak_mb'] - before}) |", flush=True)
+
+
 def run_forced(args: argparse.Namespace, names: list[str], work: Path, bandwidth: float | None) -> dict[str, Any]:
     tolk_dir, pieces = random_model(work, args.model)
     engine_specs = specs(names, args.device, tolk_dir, convert(tolk_dir, work, direct=False), args.threads)
@@ -290,6 +300,7 @@ def run_forced(args: argparse.Namespace, names: list[str], work: Path, bandwidth
     rows, memory, skipped = with_workers(engine_specs, probe, lambda w: bench_forced(w, pieces, args))
     reference = reference_engine(ran(rows))
     report(f"(a) OPUS-MT en-de geometry, random weights, {args.new_tokens} tokens forced", rows, reference)
+    memory_report(memory)
     if bandwidth is None:
         print("memory-bandwidth bound: not computed on CUDA (batch 1 there is bound by kernel launches)", flush=True)
     bound = None if bandwidth is None else bound_report(rows, step_bytes(OPUS_MT_EN_DE), bandwidth)
@@ -305,6 +316,7 @@ def run_corpus(args: argparse.Namespace, names: list[str], work: Path) -> dict[s
     rows, memory, skipped = with_workers(engine_specs, probe, lambda w: bench_corpus(w, src, max_new, args))
     reference = reference_engine(ran(rows))
     report(f"(b) {args.model} on {len(src)} sentences of {args.src}", rows, reference)
+    memory_report(memory)
     return {"reference": reference, "model": str(args.model), "sentences": len(src), "max_new_tokens": max_new,
             "transformers_skipped": files.hf_refusal, "memory": memory, "skipped": skipped, "rows": rows}
 

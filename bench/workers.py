@@ -259,7 +259,7 @@ def serve(conn: Connection, spec: EngineSpec) -> None:
     except Exception as e:  # reported to the parent, which skips this engine
         conn.send(EngineFailed(f"{spec.name} failed to load on {spec.device}: {type(e).__name__}: {e}"))
         return
-    conn.send((before, memory_mb("VmRSS")))
+    conn.send((before, memory_mb("VmRSS"), memory_mb("VmHWM")))  # VmHWM: loading's peak (the imports' is lower)
     while (request := conn.recv()) is not None:
         job, reset = request
         try:
@@ -278,7 +278,7 @@ class Worker:
         self.conn, child = ctx.Pipe()
         self.process = ctx.Process(target=serve, args=(child, spec), daemon=True)
         self.process.start()
-        self.before_load_mb, self.loaded_mb = self.receive()
+        self.before_load_mb, self.loaded_mb, self.load_peak_mb = self.receive()
 
     def receive(self) -> Any:
         """The worker's next answer; EngineFailed when it reports one or dies without answering."""

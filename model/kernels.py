@@ -128,9 +128,10 @@ def _pack(w: np.ndarray, lanes: int, group: int) -> np.ndarray:
     body_rows = N - N % lanes
     flat = np.ascontiguousarray(w).reshape(-1, N, K)
     out = np.empty_like(flat)
-    body = flat[:, :body_rows].reshape(flat.shape[0], body_rows // lanes, lanes, K // group, group)
-    out[:, :body_rows] = body.transpose(0, 1, 3, 2, 4).reshape(flat.shape[0], body_rows, K)
-    out[:, body_rows:] = flat[:, body_rows:]
+    for src, dst in zip(flat, out, strict=True):  # into out's own rows (views): no temporary of the whole weight
+        panels = dst[:body_rows].reshape(body_rows // lanes, K // group, lanes, group)
+        panels[...] = src[:body_rows].reshape(body_rows // lanes, lanes, K // group, group).transpose(0, 2, 1, 3)
+        dst[body_rows:] = src[body_rows:]
     return out.reshape(*lead, N, K)
 
 
@@ -693,13 +694,19 @@ def unscale_rows(y, a, bias, act):  # type: ignore[no-untyped-def]  # pragma: no
                 row[j] = _act(row[j], act)
 
 
+QUANTIZE_ROWS = 4096  # rows quantized at a time by `quantize_rows`
+
+
 def quantize_rows(w: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """Weights (N, K) float32 -> int8 (N, K) and a multiplier per row: round(w * 127 / max |w|), and max |w| / 127
     (1 for a row of zeros), as float32 (`_rows_own`'s and `Rows8`'s weights)."""
     w = np.asarray(w, np.float32)
-    amax = np.abs(w).max(1)
-    nonzero = np.where(amax != 0, amax, 1).astype(np.float32)
-    q = np.rint(w * (np.float32(127.0) / nonzero)[:, None]).astype(np.int8)
+    q, amax = np.empty(w.shape, np.int8), np.empty(w.shape[0], np.float32)
+    for i in range(0, w.shape[0], QUANTIZE_ROWS):  # a block at a time: temporaries of a block, not of a 58k table
+        block = w[i:i + QUANTIZE_ROWS]
+        amax[i:i + QUANTIZE_ROWS] = peak = np.abs(block).max(1)
+        nonzero = np.where(peak != 0, peak, 1).astype(np.float32)
+        q[i:i + QUANTIZE_ROWS] = np.rint(block * (np.float32(127.0) / nonzero)[:, None])
     return q, np.where(amax != 0, amax.astype(np.float64) / 127, 1.0).astype(np.float32)
 
 

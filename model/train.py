@@ -17,7 +17,7 @@ from typing import Any, TextIO
 import sentencepiece as spm
 import torch
 import torch.nn.functional as F
-from safetensors.torch import load_file, load_model, save_file
+from safetensors.torch import load_file, save_file
 
 from model import checkpoint
 from model.buckets import collate, make_batches
@@ -205,7 +205,7 @@ def init_weights(model: Transformer, directory: Path, spm_path: Path) -> None:
                          f"{ {k: (v, ours[k]) for k, v in shape.items() if ours.get(k) != v} }")
     if (directory / "source.spm").read_bytes() != spm_path.read_bytes():
         raise ValueError(f"--init {directory}: its vocabulary is not the run's ({spm_path})")
-    load_model(model, str(directory / "model.safetensors"), strict=True)  # tied tables saved once; float16 upcast
+    checkpoint.read_weights(model, directory / "model.safetensors")  # tied tables saved once; float16 upcast
     log.info("started from the weights of %s", directory)
 
 
