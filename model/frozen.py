@@ -374,6 +374,9 @@ class FrozenTransformer:
             sub, mask = src.index_select(0, index)[:, :width], src_mask.index_select(0, index)[:, :width]
             if short:  # real tokens sentence after sentence (a boolean mask reads row by row)
                 x = self.embed(self.src_table, sub, self.positions[:width])[mask]
+                if len(chosen) == B and width == S:  # every sentence: straight into kv (a copy of it less)
+                    kv[mask] = fused(x, lengths)
+                    continue
                 out = kv.new_zeros(len(chosen), width, kv.shape[-1])
                 out[mask] = fused(x, [lengths[b] for b in chosen])
             else:
