@@ -245,11 +245,14 @@ class FusedStep:
     split_min_rows = 4
     # With more than one torch thread, a step of up to this many rows is cut instead into parts of every product (by
     # outputs) and attention (by heads), one per thread (model.kernels.step_parts): each thread reads its share of the
-    # weights alone. float32 steps always (their weights' bytes are their cost): 1.3-1.9x one run at 1-128 rows, two
-    # threads; int8 ones of up to 7 rows: 1.04-1.2x at 1-4, where runs of rows gain nothing; from 8 int8 rows runs
-    # of rows are faster (0.38 against 0.53 ms at 8; bench/fused_step.py, docs/benchmarks.md).
+    # weights alone. int8 ones of up to 7 rows: 1.04-1.2x at 1-4, where runs of rows gain nothing; from 8 int8 rows
+    # runs of rows are faster (0.38 against 0.53 ms at 8; bench/fused_step.py, docs/benchmarks.md). float32 the same
+    # where the weights stay in cache (the shipped model's 16 MB, 2026-11-27, AVX-512 EPYC, two threads, ad hoc): runs
+    # of rows 0.60-0.67x parts at 2-6 rows, 1.10x at 8, 1.21-1.27x at 12-128. Large float32 weights (`large`: an
+    # OPUS-MT model's 208 MB a step) are read from memory by every run, so their steps are always cut in parts: runs
+    # were 0.68-0.90x at 4-32 rows, 1.06x at 64.
     parts_max_rows = 7
-    parts_max_rows_float32 = 1 << 30
+    parts_max_rows_large_float32 = 1 << 30
     max_rows_large = 8  # weights above MAX_WEIGHT_BYTES, while the operator step keeps its own
     _one, _none = np.zeros(2, np.int64), np.empty(0, np.float32)  # a step in one part: no flags, no shared arrays
 
@@ -259,7 +262,7 @@ class FusedStep:
         if arrays["w_qkv"].dtype == np.int8 and INT8_DOT:
             self.max_rows = self.max_rows_int8_dot
         if arrays["w_qkv"].dtype == np.float32:
-            self.max_rows, self.parts_max_rows = self.max_rows_float32, self.parts_max_rows_float32
+            self.max_rows = self.max_rows_float32
         self.pre, self.act, self.eps = pre, act, eps
         self.usable: bool | None = None  # read from the products when first asked (`ready`)
         self.args: tuple[Any, ...] | None = None  # `_step`'s arguments after the cache's, while usable
@@ -329,6 +332,8 @@ class FusedStep:
         step.tied = tied
         if large:
             step.large, step.max_rows = True, cls.max_rows_large
+            if itemsize == 4:
+                step.parts_max_rows = cls.parts_max_rows_large_float32
         step.warm()
         return step
 
