@@ -252,11 +252,14 @@ def load(directory: Path | str, device: str = "auto", dtype: str = "float32",
     if arithmetic in ("ranges", "dynamic"):
         model = quantize_int8(model)
     # fuse and prepack the weights now, not on the first request
-    net = freeze(model, half=dtype == "float16w", rows8=rows8, defer=not keep_modules)
+    net = freeze(model, half=dtype == "float16w", rows8=rows8, defer=not keep_modules,
+                 drop=None if keep_modules else release_linears)
     if ranges is not None:
         calibrate.apply(net, ranges)
     if not keep_modules:  # each copy of the modules' weights goes as soon as the network has its own
-        net.release_operator_decoder()  # large models: the fused step's copy of the decoder is the one
+        released = net.release_operator_decoder()  # large models: the fused step's copy of the decoder is the one
+        if net.fused is not None and net.fused.consumed and not released:  # (float32 modules: it always can)
+            raise RuntimeError("the fused step took the decoder's weights but cannot take every step")
         net.release_operator_encoder()  # the fused encoder's copy, where it takes every length
         products = net.projections().values()
         release_linears(m for p in products if p.released for m in p.linears)

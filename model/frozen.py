@@ -218,7 +218,8 @@ class FrozenTransformer:
     """Encoding, cross-attention K/V and the incremental decode step of a Transformer, for inference only."""
 
     def __init__(self, model: Transformer, prepack: bool = True, half: bool = False, fused: bool = True,
-                 rows8: bool = False, defer: bool = False) -> None:
+                 rows8: bool = False, defer: bool = False,
+                 drop: Callable[[list[nn.Module]], None] | None = None) -> None:
         cfg = self.cfg = model.cfg
         self.rows8 = rows8  # int8 with a scale per input row (`model.projection.Rows8`)
         self.src_table: Tensor | Int8Table | PackedTable = model.src_embed.weight.detach()
@@ -241,7 +242,7 @@ class FrozenTransformer:
         self.cross_kv_proj = proj(kv)  # all layers' cross K/V in one product
         self.out = proj([model.out_proj], bias=model.out_bias)
         # the step of a few rows as one compiled function, on the CPU in float32 or int8 (model.fused_step)
-        self.fused = FusedStep.build(model, self) if fused and not half and FusedStep is not None else None
+        self.fused = FusedStep.build(model, self, drop) if fused and not half and FusedStep is not None else None
         self.operator_decoder = True  # whether the operator step's weights are here (`release_operator_decoder`)
         self.operator_encoder = True  # whether the operator encoder's weights are here (`release_operator_encoder`)
         # and the encoder of short sentences (model.fused_encoder)
@@ -456,7 +457,8 @@ class FrozenTransformer:
 
 
 def freeze(model: Transformer, prepack: bool = True, half: bool = False, fused: bool = True,
-           rows8: bool = False, defer: bool = False) -> FrozenTransformer:
+           rows8: bool = False, defer: bool = False,
+           drop: Callable[[list[nn.Module]], None] | None = None) -> FrozenTransformer:
     """The network prepared for inference (fused and prepacked weights); encoding and the decode step go through it.
 
     Built anew at each call: freeze once after loading (or after each training stretch) and keep the result.
@@ -466,6 +468,8 @@ def freeze(model: Transformer, prepack: bool = True, half: bool = False, fused: 
     rows8=True (CPU, float32 model): int8 products with a scale per input row (`model.projection.Rows8`).
     defer=True: the operator products' float and `Rows8` weights are packed later (`Projection.pack`, or at a
     product's first call), so that those the fused step and encoder take over (`release_operator_decoder`,
-    `release_operator_encoder`) are never packed at all: `checkpoint.load(keep_modules=False)`.
+    `release_operator_encoder`) are never packed at all: `checkpoint.load(keep_modules=False)`. drop (with defer):
+    called with modules whose weights the network no longer needs once the fused step has its copy (`FusedStep.build`);
+    the network must then take `release_operator_decoder`.
     """
-    return FrozenTransformer(model, prepack, half, fused, rows8, defer)
+    return FrozenTransformer(model, prepack, half, fused, rows8, defer, drop)

@@ -270,10 +270,17 @@ class FusedStep:
         self.large = False  # weights above MAX_WEIGHT_BYTES (`max_rows_large`)
         self.every_step = False  # takes steps of any size: the operator step's weights are gone
         self.tied = False  # the output projection's weights are the target embedding table's (`share_table`)
+        self.consumed = False  # built handing the decoder modules' weights to `build`'s `drop`: must take every step
 
     @classmethod
-    def build(cls, model: Transformer, net: FrozenTransformer) -> FusedStep | None:
-        """From the modules (float32 or int8), before their weights are released; None where not supported."""
+    def build(cls, model: Transformer, net: FrozenTransformer,
+              drop: Callable[[list[torch.nn.Module]], None] | None = None) -> FusedStep | None:
+        """From the modules (float32 or int8), before their weights are released; None where not supported.
+
+        `drop` (a decoding process's load, `checkpoint.release_linears`): where the weights are large and float32
+        modules (the step then takes every step, `FrozenTransformer.release_operator_decoder`), each product's
+        modules are handed to it as soon as the step has packed its copy, so that the two copies of the decoder are
+        never held whole at once (`consumed`)."""
         cfg = net.cfg
         if net.device.type != "cpu" or net.tgt_table.dtype != torch.float32 or cfg.activation not in ACTIVATIONS:
             return None
@@ -288,12 +295,19 @@ class FusedStep:
                     "o": [layer.self_attn.out_proj], "cross_q": [layer.cross_attn.q_proj],
                     "cross_o": [layer.cross_attn.out_proj], "fc1": [layer.ff.fc1], "fc2": [layer.ff.fc2]}
                    for layer in decoder]
+        dense = all(type(m) is torch.nn.Linear and m.weight.dtype == torch.float32
+                    for products in linears for group in products.values() for m in group)
+        drop = drop if large and dense else None  # (dense float32 modules: every product below is supported)
         for name in PRODUCTS:
             per_layer = [_weights(products[name], net.rows8) for products in linears]
             if any(got is None for got in per_layer):
                 return None
             for key, part in zip(("w", "s", "b"), zip(*per_layer, strict=True), strict=True):
                 arrays[f"{key}_{name}"] = np.ascontiguousarray(np.stack(part))
+            if drop is not None:  # packed now (copies of the modules' numbers), and the modules' weights go
+                arrays[f"c_{name}"] = weight_sums(arrays[f"w_{name}"])
+                arrays[f"w_{name}"] = pack_weights(arrays[f"w_{name}"])
+                drop([m for products in linears for m in products[name]])
         out = _weights([model.out_proj], net.rows8)
         if out is None:
             return None
@@ -311,6 +325,8 @@ class FusedStep:
                 and np.array_equal(arrays["table"], arrays["w_out"])
                 and np.array_equal(arrays["table_scale"], arrays["s_out"]))
         for name in (*PRODUCTS, "out"):
+            if f"c_{name}" in arrays:  # (packed above)
+                continue
             arrays[f"c_{name}"] = weight_sums(arrays[f"w_{name}"])
             arrays[f"w_{name}"] = pack_weights(arrays[f"w_{name}"])  # as the products read them
         if tied:  # the step reads the table in the packed projection (flat: `kernels._table_row`), so may others
@@ -329,7 +345,7 @@ class FusedStep:
         projections = {f"{name}.{i}": named[f"decoder.{i}.{name}"] for i in range(cfg.decoder_layers)
                        for name in PRODUCTS} | {"out": named["out"]}
         step = cls(arrays, projections, net, pre, ACTIVATIONS[cfg.activation], cfg.layer_norm_eps)
-        step.tied = tied
+        step.tied, step.consumed = tied, drop is not None
         if large:
             step.large, step.max_rows = True, cls.max_rows_large
             if itemsize == 4:

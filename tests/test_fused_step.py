@@ -491,7 +491,8 @@ def test_a_lean_load_never_packs_what_the_fused_parts_take(tiny_model_dir: Path,
     """Loading to decode (keep_modules=False) builds the network with its operator products deferred
     (`freeze(defer=True)`): where the fused step takes every step (a large model) the operator decoder's products
     are released without ever being packed, what still runs (the operator encoder, where no fused one takes its
-    place) is packed while loading, and the tokens are those of a network loaded whole."""
+    place) is packed while loading, the decoder modules' weights go as the fused step packs its copy, and the tokens
+    are those of a network loaded whole."""
     if dtype == "int8" and not INT8_DOT:
         pytest.skip("large int8 models keep the operator step without AVX2's byte products")
     monkeypatch.setattr(fused_step, "MAX_WEIGHT_BYTES", 1000)
@@ -503,6 +504,7 @@ def test_a_lean_load_never_packs_what_the_fused_parts_take(tiny_model_dir: Path,
     lean = checkpoint.load(tiny_model_dir, device="cpu", dtype=dtype, int8="rows", keep_modules=False)
     net = lean.net
     assert not net.operator_decoder and net.operator_encoder != fused_encoder
+    assert net.fused is not None and net.fused.consumed  # the decoder modules' weights went as the step packed them
     products = net.projections()
     assert all(p.pending is None for p in products.values())
     decoder = [p for name, p in products.items() if name.startswith("decoder.") or name == "out"]
