@@ -250,9 +250,11 @@ class FusedStep:
     # where the weights stay in cache (the shipped model's 16 MB, 2026-11-27, AVX-512 EPYC, two threads, ad hoc): runs
     # of rows 0.60-0.67x parts at 2-6 rows, 1.10x at 8, 1.21-1.27x at 12-128. Large float32 weights (`large`: an
     # OPUS-MT model's 208 MB a step) are read from memory by every run, so their steps are always cut in parts: runs
-    # were 0.68-0.90x at 4-32 rows, 1.06x at 64.
+    # were 0.68-0.90x at 4-32 rows, 1.06x at 64. Large int8 weights (OPUS-MT's, 52 MB) likewise up to 15 rows:
+    # runs 0.82x parts at 8 rows, 0.87-0.97x at 10-14, 0.98x at 16, 1.02-1.09x at 20-24, 1.12-1.33x at 32-128.
     parts_max_rows = 7
     parts_max_rows_large_float32 = 1 << 30
+    parts_max_rows_large_int8 = 15
     max_rows_large = 8  # weights above MAX_WEIGHT_BYTES, while the operator step keeps its own
     _one, _none = np.zeros(2, np.int64), np.empty(0, np.float32)  # a step in one part: no flags, no shared arrays
 
@@ -348,8 +350,7 @@ class FusedStep:
         step.tied, step.consumed = tied, drop is not None
         if large:
             step.large, step.max_rows = True, cls.max_rows_large
-            if itemsize == 4:
-                step.parts_max_rows = cls.parts_max_rows_large_float32
+            step.parts_max_rows = cls.parts_max_rows_large_float32 if itemsize == 4 else cls.parts_max_rows_large_int8
         step.warm()
         return step
 
