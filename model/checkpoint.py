@@ -14,6 +14,7 @@ A model directory holds:
 from __future__ import annotations
 
 import ctypes
+import functools
 import gc
 import json
 import shutil
@@ -26,7 +27,7 @@ from typing import Any, TypeVar
 import torch
 from safetensors import safe_open
 from safetensors.torch import save_model
-from torch import nn
+from torch import Tensor, nn
 from torch.ao.nn.quantized.dynamic import Linear as QuantizedLinear
 
 from model import calibrate
@@ -158,8 +159,9 @@ def read_weights(model: nn.Module, path: Path) -> None:
         unexpected = sorted(names - state.keys())
         stored = {state[n].data_ptr() for n in names & state.keys()}
         missing = sorted(n for n in state.keys() - names if state[n].data_ptr() not in stored)  # not tied to one
-        shapes = sorted(f"{n} {list(f.get_slice(n).get_shape())} (the model's {list(state[n].shape)})"
-                        for n in names & state.keys() if list(f.get_slice(n).get_shape()) != list(state[n].shape))
+        stored_shapes = {n: list(f.get_slice(n).get_shape()) for n in names & state.keys()}
+        shapes = sorted(f"{n} {shape} (the model's {list(state[n].shape)})"
+                        for n, shape in stored_shapes.items() if shape != list(state[n].shape))
         if unexpected or missing or shapes:
             raise ValueError(f"{path} does not fit the model: missing {missing}, unexpected {unexpected}, "
                              f"other shapes {shapes}")
@@ -171,14 +173,19 @@ def read_weights(model: nn.Module, path: Path) -> None:
 
 def release_linears(modules: Iterable[nn.Module]) -> None:
     """Drop the weights of these linear layers (others are left as they are): `release_linear_weights`."""
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")  # torch's notice that quantized tensors are deprecated
-        empty_int8 = torch.quantize_per_tensor(torch.zeros(1, 1), 1.0, 0, torch.qint8)  # fbgemm packs no 0-row matrix
     for m in modules:
         if type(m) is nn.Linear:
             m.weight = nn.Parameter(m.weight.detach().new_empty(0), requires_grad=False)
         elif isinstance(m, QuantizedLinear):  # int8: the frozen network packed its own copy of the int8 weights
-            m._packed_params.set_weight_bias(empty_int8, None)
+            m._packed_params.set_weight_bias(_empty_int8(), None)
+
+
+@functools.cache
+def _empty_int8() -> Tensor:
+    """The int8 weight a released quantized linear keeps (fbgemm packs no 0-row matrix)."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # torch's notice that quantized tensors are deprecated
+        return torch.quantize_per_tensor(torch.zeros(1, 1), 1.0, 0, torch.qint8)
 
 
 def release_linear_weights(model: Transformer, net: FrozenTransformer | None = None) -> None:
@@ -242,7 +249,7 @@ def load(directory: Path | str, device: str = "auto", dtype: str = "float32",
     meta = read_meta(directory)
     arithmetic = int8_arithmetic(meta.path, int8) if dtype == "int8" else None
     model = Transformer(meta.cfg)
-    # Whatever the stored dtype (float32, or float16 to ship half the bytes), load_state_dict copies the weights
+    # Whatever the stored dtype (float32, or float16 to ship half the bytes), read_weights copies the weights
     # into this float32 model with a cast: every precision below starts from float32, as if stored so.
     read_weights(model, meta.path / "model.safetensors")
     model = model.to(device=dev, dtype=DTYPES.get(dtype, torch.float32)).eval()
@@ -264,8 +271,9 @@ def load(directory: Path | str, device: str = "auto", dtype: str = "float32",
         products = net.projections().values()
         release_linears(m for p in products if p.released for m in p.linears)
         for p in products:  # what the operator step and encoder still run, deferred until now (see `freeze`)
-            p.pack()
-            release_linears(p.linears)
+            if not p.released:
+                p.pack()
+                release_linears(p.linears)
         release_linear_weights(model, net)  # (after: the tables go too where the fused step's copy serves them)
     return_freed_memory()
     return LoadedModel(meta.path, meta.info, model, meta.tokenizer, meta.generation, dtype, parameters, net,

@@ -306,9 +306,9 @@ class FusedStep:
                 return None
             for key, part in zip(("w", "s", "b"), zip(*per_layer, strict=True), strict=True):
                 arrays[f"{key}_{name}"] = np.ascontiguousarray(np.stack(part))
-            if drop is not None:  # packed now (copies of the modules' numbers), and the modules' weights go
-                arrays[f"c_{name}"] = weight_sums(arrays[f"w_{name}"])
-                arrays[f"w_{name}"] = pack_weights(arrays[f"w_{name}"])
+            arrays[f"c_{name}"] = weight_sums(arrays[f"w_{name}"])
+            arrays[f"w_{name}"] = pack_weights(arrays[f"w_{name}"])  # as the products read them
+            if drop is not None:  # (packed copies of the modules' numbers): the modules' weights go
                 drop([m for products in linears for m in products[name]])
         out = _weights([model.out_proj], net.rows8)
         if out is None:
@@ -326,11 +326,8 @@ class FusedStep:
         tied = (cfg.tie_output and arrays["table"].dtype == arrays["w_out"].dtype
                 and np.array_equal(arrays["table"], arrays["w_out"])
                 and np.array_equal(arrays["table_scale"], arrays["s_out"]))
-        for name in (*PRODUCTS, "out"):
-            if f"c_{name}" in arrays:  # (packed above)
-                continue
-            arrays[f"c_{name}"] = weight_sums(arrays[f"w_{name}"])
-            arrays[f"w_{name}"] = pack_weights(arrays[f"w_{name}"])  # as the products read them
+        arrays["c_out"] = weight_sums(arrays["w_out"])
+        arrays["w_out"] = pack_weights(arrays["w_out"])  # (after the comparison with the table)
         if tied:  # the step reads the table in the packed projection (flat: `kernels._table_row`), so may others
             w = arrays["w_out"]
             arrays["table"] = w if packed_layout(w.dtype, w.shape[1]) is None else w.reshape(-1)
