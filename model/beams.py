@@ -30,6 +30,8 @@ CHUNKED_TOP_K_MIN = 1 << 18
 # (model/beam_host.py); beyond, torch's top-ks on every thread are faster: 128 x 58,101 log-probs took 4.9 ms in
 # the pass against 2.0 ms for `top_k` alone on two threads, where 128 x 8,000 took 0.7 against 1.0 (ad hoc).
 COMPILED_MAX = 1 << 21
+# `device_beam_step` on the CPU too (tests compare it there with the CPU's ways)
+DEVICE_WAY_ON_CPU = False
 
 
 def top_k(x: Tensor, k: int, chunk: int = 256, min_size: int = CHUNKED_TOP_K_MIN) -> tuple[Tensor, Tensor]:
@@ -53,17 +55,21 @@ def top_k(x: Tensor, k: int, chunk: int = 256, min_size: int = CHUNKED_TOP_K_MIN
 
 
 def short_beam_step(batch: DecodeBatch, seqs: list[Sequence]) -> bool:
-    """The whole step of a batch of plain beam searches (`Sequence.plain_beams`) of one width on the CPU, where the
-    fused step takes it: the step, the settings, the log-softmax, the choice, the rows' moves and the record in
-    two compiled calls and one torch call around the fused step's; the general way (`DecodeBatch.forward`,
+    """The whole step of a batch of plain beam searches (`Sequence.plain_beams`) of one width: off the CPU
+    `device_beam_step`; on the CPU, where the fused step takes it, the step, the settings, the log-softmax, the
+    choice, the rows' moves and the record in two compiled calls and one torch call around the fused step's; the
+    general way (`DecodeBatch.forward`,
     `model.search._log_probs`, `beam_step`, `DecodeBatch.record`) computes the same numbers through a dozen
     more calls and checks, which cost a beam-4 sentence of the shipped model about as much as the fused step
     itself. False, with nothing done, where it does not apply; True once the step is taken and every sequence
     brought up to date (its hypotheses, beams and scores; `model.search._collect` then finishes the step).
     """
     k = seqs[0].beam
-    if advance_beams is None or batch.cache.self_kv.dtype != torch.float32 or \
-            not all(s.plain_beams and s.beam == k for s in seqs):
+    if not all(s.plain_beams and s.beam == k for s in seqs):
+        return False
+    if batch.net.device.type != "cpu" or DEVICE_WAY_ON_CPU:
+        return device_beam_step(batch, seqs)
+    if advance_beams is None or batch.cache.self_kv.dtype != torch.float32:
         return False
     n, V = batch.n, batch.cfg.tgt_vocab_size
     if n * V > COMPILED_MAX:
@@ -90,6 +96,65 @@ def short_beam_step(batch: DecodeBatch, seqs: list[Sequence]) -> bool:
     for seq, chosen_j, ended_j in zip(seqs, chosen_h.tolist(), ended_h.tolist(), strict=True):
         _take(seq, chosen_j, ended_j, None)
     return True
+
+
+def device_beam_step(batch: DecodeBatch, seqs: list[Sequence]) -> bool:
+    """`short_beam_step` off the CPU: plain beam searches of one width chosen, moved and recorded on the device,
+    with one transfer to the host per step (the k continuations and the hypotheses that end, for every sentence).
+
+    The general way (`beam_step`) crosses to the host and back in the middle of the step and decides in Python,
+    sentence by sentence; on a GPU, where the step itself is a replayed graph of a fraction of a millisecond, those
+    crossings and launches were most of a beam step's time (beam 4 at 0.44-0.71x CTranslate2 float16 on an H100).
+    The numbers are the general way's: the same top-ks over the same log-probs, the first k candidates that do
+    not end the sentence go on (in rank order), and those that end it among the first k become hypotheses.
+    """
+    k, m = seqs[0].beam, len(seqs)
+    V, eos, st = batch.cfg.tgt_vocab_size, batch.cfg.eos_id, batch.state
+    if 2 * k > V:  # fewer than k continuations that do not end could come out of 2k candidates
+        return False
+    logits, _ = batch.forward(choose=True)  # (n, V) float32, the settings applied
+    logprobs = logits.log_softmax(-1)  # every row is a beam's: `_log_probs` normalises them all
+    c = 2 * k
+    top_logprobs, top_tokens = top_k(logprobs, c)  # (n, 2k) best first, as `beam_step`
+    rows = _rows(batch, seqs)  # (m, k)
+    cand = (st.score[rows][..., None] + top_logprobs[rows]).view(m, k * c)
+    scores, ids = cand.topk(c, dim=-1)  # (m, 2k): rank order
+    tokens = top_tokens[rows].view(m, k * c).gather(1, ids)
+    beams = ids // c
+    ends = tokens == eos  # at most one per beam: at least k candidates go on
+    going = ~ends
+    rank = torch.arange(c, 0, -1, device=ids.device)  # earlier ranks weigh more
+    first = torch.where(going, rank, 0).topk(k, dim=-1).indices  # (m, k): the first k that go on, in rank order
+    chosen_beam, chosen_token, chosen_score = beams.gather(1, first), tokens.gather(1, first), scores.gather(1, first)
+    flat = rows.view(-1)
+    batch.reorder(rows.gather(1, chosen_beam).view(-1), flat)  # every row: a copy where a beam stays in place
+    step_tokens = torch.empty_like(st.last[: batch.n])
+    step_tokens[flat] = chosen_token.view(-1)
+    st.score[flat] = chosen_score.view(-1)
+    batch.record(step_tokens)
+    # one transfer up: float64 holds the float32 scores and every id exactly
+    up = torch.stack([chosen_beam, chosen_token, chosen_score, ends[:, :k], beams[:, :k], scores[:, :k]], 1)
+    for seq, (beam_j, token_j, score_j, end_j, end_beam_j, end_score_j) in zip(seqs, up.double().tolist(),
+                                                                              strict=True):
+        for ended, beam, score in zip(end_j, end_beam_j, end_score_j, strict=True):
+            if ended:
+                _end_beam(seq, int(beam), score)
+        seq.tokens = [seq.tokens[int(b)] + [int(t)] for b, t in zip(beam_j, token_j, strict=True)]
+        seq.scores = score_j
+    return True
+
+
+def _rows(batch: DecodeBatch, seqs: list[Sequence]) -> Tensor:
+    """The sequences' rows (m, k) on the device, kept while they stay the same (rows change only when sentences
+    join or leave): a tensor made from a list every step would cost a copy that waits for the device."""
+    flat = [r for s in seqs for r in s.rows]
+    kept = batch.beam_rows
+    if kept is None or kept[0] != flat:
+        host = torch.tensor(flat, dtype=torch.long)
+        if batch.net.device.type == "cuda":
+            host = host.pin_memory()
+        kept = batch.beam_rows = (flat, host.to(batch.net.device, non_blocking=True).view(len(seqs), -1))
+    return kept[1]
 
 
 def beam_step(batch: DecodeBatch, beams: list[Sequence], logprobs: Tensor, tokens: Tensor,

@@ -157,6 +157,7 @@ class DecodeBatch:
         self.banned = torch.tensor(sorted(banned), dtype=torch.long, device=net.device)
         self.banned_host = self.banned.cpu().numpy()
         self.plain = False  # whether the last forward() went the short way (every row plain greedy)
+        self.beam_rows: tuple[list[int], Tensor] | None = None  # model.beams.device_beam_step's rows, kept
         self.chosen: np.ndarray | None = None  # the tokens it chose and recorded, if it did (`forward`)
 
     @property

@@ -103,8 +103,8 @@ def step(batch: DecodeBatch) -> list[Event]:
     batch.record(tokens)
     # token log-probs, read for rows outside beam search; NaN where the sequence asked for no scores. Tokens and
     # log-probs come to the host in one transfer (float64 holds every token id exactly): each is a device sync.
-    if everyone_beams:  # beam search reports its scores with its hypotheses, never per token
-        token_ids, chosen = tokens.tolist(), [math.nan] * n
+    if everyone_beams:  # beam search reports its scores with its hypotheses, never per token: nothing to read
+        token_ids, chosen = [], []
     elif logprobs is not None and logprobs.device.type == "cpu":  # no sync to save: two plain reads are cheaper
         chosen, token_ids = logprobs.gather(1, tokens[:, None])[:, 0].tolist(), tokens.tolist()
     elif logprobs is not None:

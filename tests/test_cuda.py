@@ -26,7 +26,7 @@ from model.search import generate, greedy
 from server.app import create_app
 from server.scheduler import Scheduler
 from tests.test_faults import expected, inject, metric_of, run_job
-from tests.test_model import stepped_logits
+from tests.test_model import device_way_against_general_way, stepped_logits
 from tests.test_server_api import metric, server_settings, stream, translate
 from tests.test_server_batching import (
     LONG,
@@ -103,6 +103,13 @@ def test_batched_equals_each_alone(loaded: checkpoint.LoadedModel, beam_size: in
         assert [h.tokens for h in together] == [h.tokens for h in alone], max_rows
         for a, b in zip(together, alone, strict=True):
             assert a.score == pytest.approx(b.score, abs=1e-4)
+
+
+def test_device_beam_step_gives_the_general_ways_hypotheses(loaded: checkpoint.LoadedModel,
+                                                            monkeypatch: pytest.MonkeyPatch) -> None:
+    """Beam search chosen and moved on the device (the way every plain beam search takes off the CPU) against the
+    general way, on the device itself."""
+    device_way_against_general_way(loaded.net, [loaded.tokenizer.encode(t) for t in TEXTS], monkeypatch)
 
 
 @pytest.mark.parametrize(("norm", "activation"), [("post", "relu"), ("pre", "gelu")])

@@ -17,7 +17,7 @@ from model import checkpoint
 from model.beams import top_k
 from model.decode import DecodeBatch
 from model.events import FinishEvent, SentenceKey, TokenEvent
-from model.frozen import attend_one, freeze
+from model.frozen import FrozenTransformer, attend_one, freeze
 from model.generation import GenerationConfig
 from model.layers import ACTIVATION_FUNCTIONS
 from model.projection import Projection
@@ -381,6 +381,48 @@ def test_short_beam_step_gives_the_general_ways_hypotheses(loaded: checkpoint.Lo
         monkeypatch.setattr(model.search, "short_beam_step", counted)
         assert [[(h.tokens, h.score, h.finish_reason) for h in hyps] for hyps in short] == \
             [[(h.tokens, h.score, h.finish_reason) for h in hyps] for hyps in general]
+
+
+def device_way_against_general_way(net: FrozenTransformer, sources: list[list[int]],
+                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    """`device_beam_step` (the choice, moves and record as tensors, one transfer up) against the general way: the
+    same hypotheses, scores and finish reasons bit for bit, with rows reused as sentences finish, end of sentence
+    held back, sentences running out of length, and a greedy row beside the beams (the general way then)."""
+    import model.beams
+    import model.search
+    taken: list[bool] = []
+    device_beam_step = model.beams.device_beam_step
+
+    def counted(batch: DecodeBatch, seqs: list) -> bool:
+        went = device_beam_step(batch, seqs)
+        taken.append(went)
+        return went
+
+    configs = [GenerationConfig(beam_size=3, num_hypotheses=3, max_new_tokens=16),
+               GenerationConfig(beam_size=4, num_hypotheses=2, max_new_tokens=6, length_penalty=0.6,
+                                min_new_tokens=3),
+               [GenerationConfig(beam_size=2, max_new_tokens=12)] * (len(sources) - 1)
+               + [GenerationConfig(max_new_tokens=3)]]
+    ended = 0
+    for config in configs:
+        monkeypatch.setattr(model.beams, "DEVICE_WAY_ON_CPU", True)
+        monkeypatch.setattr(model.beams, "device_beam_step", counted)
+        taken.clear()
+        device_way = generate(net, sources, config, max_rows=2 * 4)
+        assert taken and all(taken)
+        monkeypatch.setattr(model.search, "short_beam_step", lambda batch, seqs: False)
+        general = generate(net, sources, config, max_rows=2 * 4)
+        monkeypatch.undo()
+        assert [[(h.tokens, h.score, h.finish_reason) for h in hyps] for hyps in device_way] == \
+            [[(h.tokens, h.score, h.finish_reason) for h in hyps] for hyps in general]
+        ended += sum(h.finish_reason == "eos" for hyps in general for h in hyps)
+    assert ended, "some hypotheses should end with end of sentence"
+
+
+def test_device_beam_step_gives_the_general_ways_hypotheses(loaded: checkpoint.LoadedModel,
+                                                            sources: list[list[int]],
+                                                            monkeypatch: pytest.MonkeyPatch) -> None:
+    device_way_against_general_way(loaded.net, sources, monkeypatch)
 
 
 def test_greedy_equals_recomputation(loaded: checkpoint.LoadedModel, sources: list[list[int]]) -> None:
