@@ -100,7 +100,7 @@ stage_collect() {  # the runs of $COLLECT_RUNS scored, and those of $COLLECT_WEI
 }
 
 stage_tests() {
-    $PY -m pytest -q -p no:cacheprovider tests/test_cuda.py tests/test_graphs.py tests/test_tokenizer_checkpoint.py \
+    $PY -m pytest -p no:cacheprovider tests/test_cuda.py tests/test_graphs.py tests/test_tokenizer_checkpoint.py \
         tests/test_model.py 2>&1 | tee "$OUT/tests-$DEVICE.log"
 }
 
@@ -164,8 +164,10 @@ stage_serve() {
     fi
     local corpus
     corpus=$(corpus_dir) || return 1
+    # 256 requests a phase: serve.py's default at 64 clients, two requests each, read 3.69x unbatched on the H200
+    # where 256 read 6.39x (docs/benchmarks.md): a phase that short is mostly its first and last requests
     $PY bench/serve.py --model weights/en-pt --sentences "$corpus/test.en" --device cuda --dtype float16 \
-        --clients 1 8 32 64 --rows 128 --out "$OUT/serve-cuda.json"
+        --clients 1 8 32 64 --rows 128 --requests 256 --out "$OUT/serve-cuda.json"
 }
 
 stage_latency() {
