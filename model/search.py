@@ -32,14 +32,15 @@ def argmax(x: Tensor, chunk: int = 256) -> Tensor:
     """x.argmax(-1) for rows (B, V), first index on ties.
 
     torch's argmax over a row is not vectorised on the CPU (about 1 ns a logit here: 1.85 ms for 32 rows of 58k).
-    There numpy's, which is, runs instead: 9-12 times faster (bench/levers.py). Elsewhere, from CHUNKED_ARGMAX_MIN
-    logits, through chunk maxima: the first chunk that holds a row's maximum holds its first argmax.
+    There numpy's, which is, runs instead: 9-12 times faster (bench/levers.py). Other CPU tensors, from
+    CHUNKED_ARGMAX_MIN logits, go through chunk maxima: the first chunk that holds a row's maximum holds its first
+    argmax. On a GPU torch's argmax is one kernel, where the chunks' way launches seven or eight.
     """
     B, V = x.shape
     n = V // chunk
     if x.device.type == "cpu" and x.is_contiguous() and x.dtype == torch.float32:  # numpy's argmax is vectorised
         return torch.from_numpy(x.numpy().argmax(-1))
-    if x.numel() < CHUNKED_ARGMAX_MIN or n < 2:
+    if x.device.type != "cpu" or x.numel() < CHUNKED_ARGMAX_MIN or n < 2:
         return x.argmax(-1)
     whole = n * chunk
     body = x[:, :whole].view(B, n, chunk)

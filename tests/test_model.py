@@ -240,7 +240,8 @@ def test_chunked_argmax_equals_torch_argmax(B: int, V: int) -> None:
     x[1, V - 1] = 50.0  # the maximum in the tail after the last whole chunk
     if B > 2:
         x[2] = float("-inf")  # every token banned
-    assert torch.equal(argmax(x), x.argmax(-1))
+    assert torch.equal(argmax(x), x.argmax(-1))  # numpy's way
+    assert torch.equal(argmax(x.double()), x.argmax(-1))  # the chunks' way (float64: not numpy's)
 
 
 @pytest.mark.parametrize("V", [100, 1000, 1031])
