@@ -17,6 +17,10 @@
 # second must reach the machine that got the first. One session has 30 minutes of GPU time, each machine's start
 # (about 40 s) included. The 2026-11-22 sessions: the first spent 4 minutes on training, 5 on step and server, 4 on
 # engines; the second 3 diagnosing (profile, latency), 12 on tests, step, engines and server, 8 training, 2 on beam search.
+# The 2026-11-27 session had 15 minutes and used 11 in four runs on one machine, each started within the 30 s it
+# stays warm: (1) carry .gpudata .ct2a: setup train-start (3-minute runs, TRAIN_INIT both directions); (2) carry
+# .ct2b .whl: setup tests, then train.py collect --shipped none (waits for the runs); (3) no carry: engines (both
+# tables, fewer engines) and serve; (4) serve at 64 clients again. The tests ran beside the training.
 # Put OUT=$OUT before bash: results come back from $OUT.
 # Needs pip, xz, unzip and split; run from anywhere.
 set -euo pipefail

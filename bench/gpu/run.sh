@@ -149,12 +149,16 @@ stage_profile() {
     if cpu; then
         printf '%s\n' "Open the file." "The disk is full." "Save the document before closing the window." \
             "An unexpected error occurred." > "$WORK/profile.en"
-        $PY bench/gpu/stages.py --src "$WORK/profile.en" --device cpu --dtype float32 --batches 1 2 >/dev/null
+        $PY bench/gpu/stages.py --src "$WORK/profile.en" --device cpu --dtype float32 --batches 1 2 >/dev/null \
+            && $PY bench/gpu/stages.py --src "$WORK/profile.en" --device cpu --dtype float32 --batches 2 --beam 2 \
+                >/dev/null
         return
     fi
     local corpus
     corpus=$(corpus_dir) || return 1
-    $PY bench/gpu/stages.py --src "$corpus/test.en" --sentences 128 --batches 1 8 32 --out "$OUT/profile-cuda"
+    $PY bench/gpu/stages.py --src "$corpus/test.en" --sentences 128 --batches 1 8 32 --out "$OUT/profile-cuda" \
+        && $PY bench/gpu/stages.py --src "$corpus/test.en" --sentences 128 --batches 1 8 32 --beam 4 \
+            --out "$OUT/profile-cuda-beam4"
 }
 
 stage_serve() {

@@ -63,7 +63,7 @@ def staged(net: frozen_module.FrozenTransformer, jobs: list[list[list[int]]], co
         sync(net.device)
         start = time.perf_counter()
         for job in jobs:
-            search.generate(net, job, config, max_rows=len(job), batch=batch)
+            search.generate(net, job, config, max_rows=len(job) * config.beam_size, batch=batch)
         sync(net.device)
         total = time.perf_counter() - start
     finally:
@@ -84,7 +84,7 @@ def profiled(net: frozen_module.FrozenTransformer, job: list[list[int]], config:
     if net.device.type == "cuda":
         activities.append(torch.profiler.ProfilerActivity.CUDA)
     with torch.profiler.profile(activities=activities) as prof:
-        search.generate(net, job, config, max_rows=len(job))
+        search.generate(net, job, config, max_rows=len(job) * config.beam_size)
         sync(net.device)
     averages = prof.key_averages()
     text = "by host time\n" + averages.table(sort_by="self_cpu_time_total", row_limit=25)
@@ -101,17 +101,19 @@ def main() -> None:
     p.add_argument("--batches", type=int, nargs="+", default=[1, 8, 32])
     p.add_argument("--device", default="cuda")
     p.add_argument("--dtype", default="float16", choices=list(checkpoint.PRECISIONS))
+    p.add_argument("--beam", type=int, default=1, help="beam size (each sentence takes this many rows)")
     p.add_argument("--out", type=Path, default=None, help="writes OUT.json and OUT-profile.txt")
     args = p.parse_args()
     loaded = checkpoint.load(args.model, device=args.device, dtype=args.dtype)
     net, tok = loaded.net, loaded.tokenizer
     lines = args.src.read_text(encoding="utf-8").splitlines()[: args.sentences]
     sources = [tok.encode(line)[:256] for line in lines]
-    config = GenerationConfig(max_new_tokens=loaded.generation.max_new_tokens, scores=False)  # as bench/workers.py
+    config = GenerationConfig(max_new_tokens=loaded.generation.max_new_tokens, scores=False,  # as bench/workers.py
+                              beam_size=args.beam)
     rows, text = [], ""
     for size in args.batches:
         jobs = [sources[i : i + size] for i in range(0, len(sources), size)]
-        graphed = DecodeBatch(net, size, 256, config.max_new_tokens, graphs=True)
+        graphed = DecodeBatch(net, size * args.beam, 256, config.max_new_tokens, graphs=True)
         # "eager-again" repeats the eager pass over the same sentences: every shape has been seen once, so a cost
         # paid per new shape (kernel selection, plans) shows as the difference between the two
         for mode, batch in (("eager", None), ("eager-again", None), ("graphs", graphed)):
@@ -119,12 +121,13 @@ def main() -> None:
                 staged(net, jobs[:1], config, batch)  # warm-up
             rows.append({"batch": size, "mode": mode, **staged(net, jobs, config, batch)})
             print(rows[-1], flush=True)
-        text += f"\n=== one generate call of {size} sentences, eager\n" + profiled(net, jobs[0], config)
+        text += f"\n=== one generate call of {size} sentences, beam {args.beam}, eager\n"
+        text += profiled(net, jobs[0], config)
     print(text)
     if args.out:
         args.out.parent.mkdir(parents=True, exist_ok=True)
         meta = {"device": torch.cuda.get_device_name() if net.device.type == "cuda" else "cpu",
-                "torch": torch.__version__, "dtype": args.dtype, "model": str(args.model)}
+                "torch": torch.__version__, "dtype": args.dtype, "model": str(args.model), "beam": args.beam}
         args.out.with_suffix(".json").write_text(json.dumps({"meta": meta, "rows": rows}, indent=2) + "\n")
         Path(f"{args.out}-profile.txt").write_text(text)
 
