@@ -137,11 +137,13 @@ stage_engines() {
     local corpus
     corpus=$(corpus_dir) || return 1
     # two runs, two files: a failure in one keeps the other's results
+    # ENGINES_FORCED / ENGINES_CORPUS: fewer engines where device time is short (the 2026-11-27 session ran
+    # tolk-float16,tolk-bfloat16,ct2-float16 for (a))
     $PY bench/engines.py --device cuda --benchmarks forced --batches 1,8,32,64 --repeats 3 \
-        --engines tolk-float16,tolk-bfloat16,ct2-float16,ct2-int8_float16,transformers \
+        --engines "${ENGINES_FORCED:-tolk-float16,tolk-bfloat16,ct2-float16,ct2-int8_float16,transformers}" \
         --out "$OUT/engines-cuda-forced.json" || return 1
     $PY bench/engines.py --device cuda --benchmarks corpus --src "$corpus/test.en" --limit 256 --batches 1,8,32,64 \
-        --repeats 2 --engines tolk-float16,tolk-bfloat16,ct2-float16,ct2-int8_float16 \
+        --repeats 2 --engines "${ENGINES_CORPUS:-tolk-float16,tolk-bfloat16,ct2-float16,ct2-int8_float16}" \
         --out "$OUT/engines-cuda-corpus.json"
 }
 
