@@ -27,7 +27,7 @@ GOLDEN = {
 # The same sentences back from Portuguese: what the pt-en model wrote when it shipped, greedy and beam 4 alike
 GOLDEN_PT_EN = {
     "Salvar alterações antes de fechar?": "Save changes before closing?",
-    "Não foi possível abrir o arquivo.": "Could not open the file.",
+    "Não foi possível abrir o arquivo.": "Could not open file.",
     "Você tem certeza de que deseja excluir esta pasta?": "Are you sure you want to delete this folder?",
     "Erro ao ler o arquivo de configuração.": "Error reading configuration file.",
     "Por favor, digite sua senha para continuar.": "Please enter your password to continue.",
