@@ -60,7 +60,7 @@ mv "$tmp/ct2.part-00" .ct2a/ && mv "$tmp/ct2.part-01" .ct2b/
 
 tree=$( (git ls-files -z; git ls-files -z --others --exclude-standard) | xargs -0 du -cb | tail -1 | cut -f1)
 limit=$((64 * 1048576))
-for carried in ".whl .gpudata" .ct2a .ct2b; do
+for carried in ".whl .gpudata" ".gpudata .ct2a" ".ct2b .whl"; do  # as the runs listed above carry them
     # shellcheck disable=SC2086  # one word per folder
     size=$(du -cb $carried | tail -1 | cut -f1)
     echo "a run carrying $carried: $(((tree + size) / 1000000)) MB of $((limit / 1000000)) MB"
