@@ -61,11 +61,11 @@ def short_beam_step(batch: DecodeBatch, seqs: list[Sequence]) -> bool:
     """The whole step of a batch of plain beam searches (`Sequence.plain_beams`) of one width: off the CPU
     `device_beam_step`; on the CPU, where the fused step takes it, the step, the settings, the log-softmax, the
     choice, the rows' moves and the record in two compiled calls and one torch call around the fused step's; the
-    general way (`DecodeBatch.forward`,
-    `model.search._log_probs`, `beam_step`, `DecodeBatch.record`) computes the same numbers through a dozen
-    more calls and checks, which cost a beam-4 sentence of the shipped model about as much as the fused step
-    itself. False, with nothing done, where it does not apply; True once the step is taken and every sequence
-    brought up to date (its hypotheses, beams and scores; `model.search._collect` then finishes the step).
+    general way (`DecodeBatch.forward`, `model.search._log_probs`, `beam_step`, `DecodeBatch.record`) computes the
+    same numbers through a dozen more calls and checks, which cost a beam-4 sentence of the shipped model about as
+    much as the fused step itself. False, with nothing done, where it does not apply; True once the step is taken
+    and every sequence brought up to date (its hypotheses, beams and scores; `model.search._collect` then finishes
+    the step).
     """
     k = seqs[0].beam
     if not all(s.plain_beams and s.beam == k for s in seqs):
@@ -125,9 +125,8 @@ def device_beam_step(batch: DecodeBatch, seqs: list[Sequence]) -> bool:
     tokens = top_tokens[rows].view(m, k * c).gather(1, ids)
     beams = ids // c
     ends = tokens == eos  # at most one per beam: at least k candidates go on
-    going = ~ends
     rank = torch.arange(c, 0, -1, device=ids.device)  # earlier ranks weigh more
-    first = torch.where(going, rank, 0).topk(k, dim=-1).indices  # (m, k): the first k that go on, in rank order
+    first = torch.where(ends, 0, rank).topk(k, dim=-1).indices  # (m, k): the first k that go on, in rank order
     chosen_beam, chosen_token, chosen_score = beams.gather(1, first), tokens.gather(1, first), scores.gather(1, first)
     flat = rows.view(-1)
     batch.reorder(rows.gather(1, chosen_beam).view(-1), flat)  # every row: a copy where a beam stays in place
@@ -142,7 +141,7 @@ def device_beam_step(batch: DecodeBatch, seqs: list[Sequence]) -> bool:
         for ended, beam, score in zip(end_j, end_beam_j, end_score_j, strict=True):
             if ended:
                 _end_beam(seq, int(beam), score)
-        seq.tokens = [seq.tokens[int(b)] + [int(t)] for b, t in zip(beam_j, token_j, strict=True)]
+        _extend(seq, [(int(b), int(t)) for b, t in zip(beam_j, token_j, strict=True)], None)
         seq.scores = score_j
     return True
 
