@@ -7,7 +7,7 @@ TORCH ?= torch==2.13.0
 HOST ?= 127.0.0.1
 PORT ?= 8000
 
-.PHONY: setup test serve lint bench corpus train clean
+.PHONY: setup test serve kernels lint bench corpus train clean
 
 setup: $(VENV)/.installed
 
@@ -25,8 +25,16 @@ lint: setup
 	$(BIN)/ruff check .
 	$(BIN)/mypy
 
-serve: setup
+serve: setup kernels
 	$(BIN)/tolk serve --host $(HOST) --port $(PORT)
+
+# The CPU kernels compiled ahead for the shipped models on this machine (model/native.py): the server then runs them
+# without numba (about 190 MB less a process). Needs a C compiler; without one the server compiles them as before.
+kernels: $(VENV)/.kernels
+
+$(VENV)/.kernels: $(VENV)/.installed model/kernels.py model/beam_host.py model/native.py model/native_build.py
+	$(BIN)/tolk build-kernels --model weights/en-pt --model weights/pt-en || echo "kernels not compiled ahead"
+	touch $@
 
 # Every table of docs/benchmarks.md, one script after another (about 1.5 hours on the 2-core machine; run it quiet).
 bench: setup

@@ -9,7 +9,14 @@ around them: one call here.
 from __future__ import annotations
 
 import numpy as np
-from numba import njit
+
+from model import native
+
+_AHEAD = native.extension(__name__)  # kernels compiled ahead for this machine (model/native.py), else numba's JIT
+if _AHEAD is None:
+    from numba import njit
+else:
+    njit = _AHEAD.njit  # type: ignore[assignment]
 
 
 @njit(nogil=True, cache=True)

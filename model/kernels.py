@@ -34,12 +34,21 @@ import platform
 from typing import Any, cast
 
 import numpy as np
-from llvmlite import binding as llvm
-from llvmlite import ir
-from numba import njit, types
-from numba.core import cgutils, config
-from numba.core.extending import intrinsic, overload
-from numba.np.numpy_support import carray
+from llvmlite import ir  # pure Python: the IR types below are built at import either way
+
+from model import native
+
+# Kernels compiled ahead for this machine (model/native.py): then numba is not imported, and what only compiled code
+# uses (intrinsics, overloads, numba's types) is never built
+_AHEAD = native.extension(__name__)
+if _AHEAD is None:
+    from llvmlite import binding as llvm
+    from numba import njit, types
+    from numba.core import cgutils, config
+    from numba.core.extending import intrinsic, overload
+    from numba.np.numpy_support import carray
+else:
+    njit, intrinsic, overload = _AHEAD.njit, native.same, native.unused  # type: ignore[assignment]
 
 # Reassociation lets sums vectorise; no "nnan"/"ninf": masked attention scores are -inf.
 FAST = {"nsz", "arcp", "contract", "reassoc"}
@@ -61,8 +70,8 @@ def _compiles_for(*wanted: str) -> bool:
 
 # int8 products with fixed input ranges go through AVX2's byte products where the CPU has AVX2 (their K a multiple
 # of 32), and through VNNI's (`vpdpbusd`: the same sums in one instruction) where it has AVX-512 VNNI as well
-INT8_DOT = _compiles_for("avx2")
-INT8_VNNI = INT8_DOT and _compiles_for("avx512vnni", "avx512vl")
+INT8_DOT: bool = _compiles_for("avx2") if _AHEAD is None else _AHEAD.value("INT8_DOT")
+INT8_VNNI: bool = INT8_DOT and _compiles_for("avx512vnni", "avx512vl") if _AHEAD is None else _AHEAD.value("INT8_VNNI")
 _I8, _I16, _I32 = ir.IntType(8), ir.IntType(16), ir.IntType(32)
 _V32I8, _V16I16, _V8I32 = ir.VectorType(_I8, 32), ir.VectorType(_I16, 16), ir.VectorType(_I32, 8)
 
@@ -1199,7 +1208,7 @@ GO, STOP, PARTS, IDS, LOGITS, POS, MASK, SELF_KV, CROSS_KV, ROWS, MAX_SRC, MAX_T
 HELPER_SLOTS = 16  # then per helper thread w = 1..: its first row, rows, part, and the last GO done
 R0, N, PART, DONE = range(4)
 PER_HELPER = 4
-_sched_yield = types.ExternalFunction("sched_yield", types.int32())
+_sched_yield = types.ExternalFunction("sched_yield", types.int32()) if _AHEAD is None else None
 
 
 @intrinsic

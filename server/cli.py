@@ -37,6 +37,8 @@ RECIPES: list[tuple[tuple[str, ...], str, str, str, str]] = [
     (("import-marian",), "model.argos", "add_import_arguments", "import_main", "alias of tolk import"),
     (("export-marian",), "model.marian", "add_export_arguments", "export_main",
      "export a model directory as a Hugging Face Marian checkpoint (MODEL_DIR HF_DIR)"),
+    (("build-kernels",), "model.native_build", "add_arguments", "main",
+     "compile the CPU kernels ahead for these models on this machine: servers then run them without numba"),
     (("pull",), "model.pull", "add_arguments", "main",
      "download and import a Hugging Face Marian / OPUS-MT checkpoint (e.g. Helsinki-NLP/opus-mt-en-de) or an Argos "
      "package (argos:FROM-TO)"),

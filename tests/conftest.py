@@ -9,8 +9,12 @@ from pathlib import Path
 import pytest
 import torch
 
-from model import checkpoint
-from tests.tiny import make_model_dir
+# The suite runs the kernels through numba's JIT, whatever extension this machine has built
+# (model/native.py; tests/test_native.py builds its own)
+os.environ.setdefault("TOLK_KERNELS", "jit")
+
+from model import checkpoint  # noqa: E402
+from tests.tiny import make_model_dir  # noqa: E402
 
 torch.set_num_threads(1)  # tiny models gain nothing from threads, and lose much when a core is busy
 
