@@ -223,7 +223,7 @@ def with_workers(engine_specs: list[EngineSpec], probe: Job, fn: Callable[[dict[
         if not workers:
             raise SystemExit(f"every engine failed: {skipped}")
         memory = {n: {"rss_before_load_mb": round(w.before_load_mb), "rss_loaded_mb": round(w.loaded_mb),
-                      "rss_load_peak_mb": round(w.load_peak_mb)}
+                      "rss_load_peak_mb": round(w.load_peak_mb), "numba_imported": w.numba}
                   for n, w in workers.items()}
         return fn(workers), memory, skipped
     finally:

@@ -13,6 +13,8 @@ from __future__ import annotations
 import contextlib
 import json
 import multiprocessing as mp
+import os
+import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -39,8 +41,10 @@ Pieces = list[list[str]]
 
 def engine_kind(name: str, device: str) -> tuple[str, str]:
     """(kind, precision) of an engine name: KIND alone is float32, except transformers on CUDA (float16);
-    KIND-PRECISION is a Tolk dtype, a CTranslate2 compute type or a transformers dtype."""
-    kind, _, precision = name.partition("-")
+    KIND-PRECISION is a Tolk dtype, a CTranslate2 compute type or a transformers dtype. A name ending in "+jit"
+    (tolk-int8+jit) runs in a process where numba's JIT compiles the kernels even where they were compiled ahead
+    (model/native.py): the two side by side in one run."""
+    kind, _, precision = name.removesuffix("+jit").partition("-")
     precision = precision or ("float16" if kind == "transformers" and device == "cuda" else "float32")
     allowed = {"tolk": checkpoint.PRECISIONS if device == "cpu" else tuple(checkpoint.DTYPES),
                "transformers": tuple(checkpoint.DTYPES), "ct2": CT2_COMPUTE_TYPES}
@@ -259,7 +263,8 @@ def serve(conn: Connection, spec: EngineSpec) -> None:
     except Exception as e:  # reported to the parent, which skips this engine
         conn.send(EngineFailed(f"{spec.name} failed to load on {spec.device}: {type(e).__name__}: {e}"))
         return
-    conn.send((before, memory_mb("VmRSS"), memory_mb("VmHWM")))  # VmHWM: loading's peak (the imports' is lower)
+    conn.send((before, memory_mb("VmRSS"), memory_mb("VmHWM"),  # VmHWM: loading's peak (the imports' is lower)
+               "numba" in sys.modules))  # False where the kernels were compiled ahead (model/native.py)
     while (request := conn.recv()) is not None:
         job, reset = request
         try:
@@ -277,8 +282,17 @@ class Worker:
         ctx = mp.get_context("spawn")  # a fresh interpreter: no memory, threads or CUDA state from the parent
         self.conn, child = ctx.Pipe()
         self.process = ctx.Process(target=serve, args=(child, spec), daemon=True)
-        self.process.start()
-        self.before_load_mb, self.loaded_mb, self.load_peak_mb = self.receive()
+        saved = os.environ.get("TOLK_KERNELS")
+        if spec.name.endswith("+jit"):  # the child starts with the parent's environment
+            os.environ["TOLK_KERNELS"] = "jit"
+        try:
+            self.process.start()
+        finally:
+            if saved is None:
+                os.environ.pop("TOLK_KERNELS", None)
+            else:
+                os.environ["TOLK_KERNELS"] = saved
+        self.before_load_mb, self.loaded_mb, self.load_peak_mb, self.numba = self.receive()
 
     def receive(self) -> Any:
         """The worker's next answer; EngineFailed when it reports one or dies without answering."""

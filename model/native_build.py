@@ -33,6 +33,7 @@ from model import native
 
 LENGTHS = (3, 9, 17, 30, 60, 120)  # source lengths (tokens) of the warm-up's sentences
 BATCHES = (1, 3, 12, 48)  # sentences decoded together
+CONFIGS = ((1, True, 0), (1, False, 0), (1, True, 4), (4, True, 0), (4, True, 4))  # beams, scores, least new tokens
 MAX_VARIANTS = 64  # at most this many keys per entry when an argument's type accepts more than one (`keys`)
 
 
@@ -53,8 +54,9 @@ def warm(models: Sequence[str], dtypes: Sequence[str], threads: int) -> None:
             loaded.net.warm_parts()
             V = loaded.model.cfg.src_vocab_size
             sources = [[int(t) for t in rng.integers(4, V, n)] for n in LENGTHS]
-            for (beam, scores), rows in itertools.product(((1, True), (1, False), (4, True)), BATCHES):
-                config = dataclasses.replace(loaded.generation, beam_size=beam, scores=scores, max_new_tokens=24)
+            for (beam, scores, least), rows in itertools.product(CONFIGS, BATCHES):
+                config = dataclasses.replace(loaded.generation, beam_size=beam, scores=scores, min_new_tokens=least,
+                                             max_new_tokens=24)
                 batch = [sources[i % len(sources)] for i in range(rows)]
                 generate(loaded.net, batch, config, max_rows=max(rows * beam, 1))
             del loaded
