@@ -239,7 +239,8 @@ class Result:
 
 
 def answer(engine: Engine, job: Job, reset: bool, kind: str, device: str) -> Result:
-    if reset:
+    if reset:  # each configuration's peak from the memory the process holds, not what the last one freed
+        checkpoint.trim_heap()  # (glibc keeps freed heap: the server's scheduler trims it when idle, as here)
         reset_peak()
         gpu_peak_mb(kind, device, reset=True)
     inputs = engine.encode(job.sources)

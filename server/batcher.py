@@ -36,6 +36,7 @@ from typing import cast
 
 import torch
 
+from model import checkpoint
 from model.decode import DecodeBatch, Encoded
 from model.events import Event, TokenEvent
 from model.frozen import FrozenTransformer
@@ -229,9 +230,14 @@ class Batcher:
         except queue.Empty:
             pass
         try:
+            trimmed = False
             while not self._commands.poll(0.5 if block else 0):
                 if not block or self._stopping.is_set():
                     return None
+                if not trimmed and (self.batch is None or not len(self.batch)):
+                    # idle half a second: hand back what the last burst's buffers freed (glibc keeps it)
+                    trimmed = True
+                    checkpoint.trim_heap()
             return cast(Command, self._commands.recv())
         except (EOFError, OSError):  # the server went away
             return Stop()
