@@ -34,6 +34,8 @@ GOLDEN_PT_EN = {
     "Este pacote fornece uma ferramenta de linha de comando para converter imagens.":
         "This package provides a command line tool to convert images.",
 }
+# beam 4 writes the article that greedy drops
+GOLDEN_PT_EN_BEAM4 = GOLDEN_PT_EN | {"Não foi possível abrir o arquivo.": "Could not open the file."}
 
 
 # Inline elements translated with their sentence and put back around the words aligned with theirs (format html)
@@ -84,7 +86,7 @@ def test_golden_translations_pt_en(shipped_pt_en: checkpoint.LoadedModel, beam_s
     m = shipped_pt_en
     sources = [m.tokenizer.encode(s) for s in GOLDEN_PT_EN]
     got = [m.tokenizer.decode(h[0].tokens) for h in generate(m.net, sources, m.generation.update(beam_size=beam_size))]
-    assert dict(zip(GOLDEN_PT_EN, got, strict=True)) == GOLDEN_PT_EN
+    assert dict(zip(GOLDEN_PT_EN, got, strict=True)) == (GOLDEN_PT_EN if beam_size == 1 else GOLDEN_PT_EN_BEAM4)
 
 
 def test_golden_inline_html(shipped: checkpoint.LoadedModel) -> None:
