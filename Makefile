@@ -33,8 +33,8 @@ serve: setup kernels
 kernels: $(VENV)/.kernels
 
 $(VENV)/.kernels: $(VENV)/.installed model/kernels.py model/beam_host.py model/native.py model/native_build.py
-	$(BIN)/tolk build-kernels --model weights/en-pt --model weights/pt-en || echo "kernels not compiled ahead"
-	touch $@
+	$(BIN)/tolk build-kernels --model weights/en-pt --model weights/pt-en && touch $@ \
+		|| echo "kernels not compiled ahead: the server compiles them with numba's JIT (the next make serve tries again)"
 
 # Every table of docs/benchmarks.md, one script after another (about 1.5 hours on the 2-core machine; run it quiet).
 bench: setup

@@ -117,6 +117,7 @@ class Kernel:
         self.missed: set[Any] = set()
 
     def __call__(self, *args: Any) -> Any:
+        # `key` with its array case inlined: this runs at every call of a step's kernels (about 9 us for 56 arguments)
         entry = self.entries.get(tuple([(v.dtype.num, v.ndim, v.flags.num & FLAG_BITS) if type(v) is np.ndarray
                                         else key(v) for v in args]))
         if entry is not None:
