@@ -105,6 +105,7 @@ class Cache(Protocol):
 
     enabled: bool
     errors: int  # lookups and writes that failed
+    local: bool  # writes cost no round trip: made before the response goes out (`Scheduler`)
 
     def lookup(self, keys: list[CacheKey | None], stream: bool, scores: list[bool]) -> dict[int, Entry]: ...
     def put_many(self, finished: list[Finished]) -> None: ...
@@ -119,6 +120,7 @@ class TranslationCache:
                                                         getsizeof=lambda e: e.size)
         self.enabled = entries > 0
         self.errors = 0  # nothing fails in memory
+        self.local = True
         self._lock = threading.Lock()
 
     def get(self, key: CacheKey | None, stream: bool, scores: bool = True) -> Entry | None:

@@ -224,10 +224,16 @@ class Scheduler:
                 if not entry.due:
                     del self._jobs[request]
                 out[entry.job] = events
+        # Kept before delivering where that costs nothing (in memory): a client that has its answer and asks again
+        # at once must find it (the loop may take the GIL from this thread between the two, on a loaded machine).
+        # Redis is a round trip away: after delivering, and outside the lock.
+        local = self.cache.enabled and self.cache.local
+        if local:
+            self.cache.put_many(finished)
         deliver(out)
         message.stats.apply(self._metrics, self.name)
-        if self.cache.enabled:
-            self.cache.put_many(finished)  # after delivering, and outside the lock: Redis is a round trip away
+        if self.cache.enabled and not local:
+            self.cache.put_many(finished)
 
     def _keep(self, entry: _Open, event: FinishEvent, finished: list[Finished]) -> None:
         """A finished sentence is to go into the translation cache (with its streamed token log-probs, if any)."""

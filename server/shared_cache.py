@@ -68,6 +68,7 @@ class RedisCache:
         self.prefix = f"tolk:translation:{model}:{fingerprint}:"
         self.ttl_ms = int(ttl * 1000)
         self.enabled = True
+        self.local = False  # a round trip per write: after the response (`Scheduler`)
         self.errors = 0  # lookups and writes that failed (Redis away): the scheduler counts them as metrics
         self._away_until = 0.0  # after a failure Redis is left alone a while: a lookup runs on the event loop
         self._put = self.client.register_script(PUT_UNLESS_BETTER)
