@@ -404,16 +404,18 @@ class FrozenTransformer:
         return KVCache(cfg.decoder_layers, rows, cfg.n_heads, cfg.head_dim, max_src, max_tgt, self.device,
                        self.tgt_table.dtype, zeroed=fixed or not self.by_length)
 
-    def decode_step(self, tokens: Tensor, cache: KVCache, align: list[Tensor] | None = None) -> Tensor:
+    def decode_step(self, tokens: Tensor, cache: KVCache, align: list[Tensor] | None = None,
+                    out: Tensor | None = None) -> Tensor:
         """Advance cache rows 0..B-1 by one token each: tokens (B,) -> logits (B, V).
 
         `align`: gets the last decoder layer's cross-attention weights averaged over heads (B, S), the source
-        position each new token looks at (fairseq's alignment layer).
+        position each new token looks at (fairseq's alignment layer). `out`: where the fused CPU step may write the
+        logits (`KVCache.scratch`); other ways return a new tensor.
         """
         B = tokens.shape[0]
         fused = self.fused
         if fused is not None and fused.takes(B):
-            return fused(tokens, cache, align)
+            return fused(tokens, cache, align, out=out)
         self._check_operator_decoder()
         x = self.embed(self.tgt_table, tokens, self.positions[cache.pos[:B]])  # (B, D), row b at its own position
         lengths, self_mask, cross_mask = None, None, None

@@ -413,32 +413,34 @@ class FusedStep:
         return (a["table"], a["table_scale"], a["positions"], emb_scale, a["norm_w"], a["norm_b"],
                 np.float32(self.eps), self.pre, a["final_w"], a["final_b"], self.act, *products)
 
-    def __call__(self, tokens: Tensor, cache: KVCache, align: list[Tensor] | None = None) -> Tensor:
+    def __call__(self, tokens: Tensor, cache: KVCache, align: list[Tensor] | None = None,
+                 out: Tensor | None = None) -> Tensor:
         """Rows 0..B-1 advance by one token each: tokens (B,) -> logits (B, V); the cache's positions move on.
 
-        `align` gets the last layer's cross-attention weights averaged over heads (B, S), as `decode_step`'s.
+        `align` gets the last layer's cross-attention weights averaged over heads (B, S), as `decode_step`'s. `out`:
+        a contiguous float32 (B, V) to write the logits into (`KVCache.scratch`), else they are a new tensor.
         """
         if self.args is None:
             raise RuntimeError("the fused step runs only once ready() says so")
         B = tokens.shape[0]
-        logits = torch.empty(B, self.arrays["w_out"].shape[0])
+        logits = torch.empty(B, self.arrays["w_out"].shape[0]) if out is None else out
         weights = torch.zeros(B, cache.max_src) if align is not None else torch.empty(0, 0)
         views = cache.host_views()
         # tokens: a column of the row state (strided); one contiguous layout keeps to one compiled signature
-        ids, out, align_out = np.ascontiguousarray(tokens.numpy()), logits.numpy(), weights.numpy()
+        ids, host, align_out = np.ascontiguousarray(tokens.numpy()), logits.numpy(), weights.numpy()
         threads = torch.get_num_threads()
         runs = max(1, min(threads, B // self.split_min_rows))  # each on a thread of its own
         parts = threads > 1 and self.parts_max_rows >= B  # else runs of rows: the step's products cut
         cuts = [B * i // runs for i in range(runs + 1)]
         if align is None and (parts or runs > 1):
-            self._helpers(threads).run(ids, views, out, 1 if parts else runs, functools.partial(
-                self._run, ids, views, out, align_out, 0))
+            self._helpers(threads).run(ids, views, host, 1 if parts else runs, functools.partial(
+                self._run, ids, views, host, align_out, 0))
         elif parts:
             flags, shared = np.zeros(threads + 1, np.int64), self._shared(B)
-            at_once([functools.partial(self._run, ids, views, out, align_out, 0, B, threads, flags, shared, part)
+            at_once([functools.partial(self._run, ids, views, host, align_out, 0, B, threads, flags, shared, part)
                      for part in range(threads)])
         else:
-            at_once([functools.partial(self._run, ids, views, out, align_out, lo, hi, 1, self._one, self._none)
+            at_once([functools.partial(self._run, ids, views, host, align_out, lo, hi, 1, self._one, self._none)
                      for lo, hi in zip(cuts[:-1], cuts[1:], strict=True)])
         cache.advance(B, on_device=False)
         if align is not None:

@@ -88,17 +88,18 @@ def sample(logprobs: Tensor, seed: Tensor, step: Tensor) -> Tensor:
 ONE_THREAD_MAX = 1 << 17  # `log_softmax`: up to this many logits, on the calling thread alone
 
 
-def log_softmax(logits: Tensor) -> Tensor:
+def log_softmax(logits: Tensor, out: Tensor | None = None) -> Tensor:
     """torch's log-softmax of a step's logits (the general way's numbers, bit for bit), on this thread alone up to
     `ONE_THREAD_MAX` logits. A parallel region leaves torch's OpenMP threads spinning (GOMP_SPINCOUNT,
     model/__init__.py), and on two cores the spinning thread took the core of the fused step's helper thread: the
     shipped model's next step of 4 rows took 0.50 against 0.27 ms (ad hoc). Larger batches keep the threads: their
-    step is long, and the log-softmax on one thread would cost more than the spin."""
+    step is long, and the log-softmax on one thread would cost more than the spin. `out`: a tensor of the logits'
+    shape to write into (`KVCache.scratch`), else a new one."""
     threads = torch.get_num_threads()
     if threads == 1 or logits.numel() > ONE_THREAD_MAX or logits.device.type != "cpu":
-        return logits.log_softmax(-1)
+        return logits.log_softmax(-1) if out is None else torch.log_softmax(logits, -1, out=out)
     torch.set_num_threads(1)
     try:
-        return logits.log_softmax(-1)
+        return logits.log_softmax(-1) if out is None else torch.log_softmax(logits, -1, out=out)
     finally:
         torch.set_num_threads(threads)

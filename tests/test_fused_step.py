@@ -516,3 +516,26 @@ def test_a_lean_load_never_packs_what_the_fused_parts_take(tiny_model_dir: Path,
     for config in (GenerationConfig(max_new_tokens=12), GenerationConfig(max_new_tokens=12, beam_size=3)):
         a, b = generate(lean.net, sources, config), generate(full.net, sources, config)
         assert [h[0].tokens for h in a] == [h[0].tokens for h in b]  # (scores: the two steps' float rounding)
+
+
+@pytest.mark.parametrize("dtype", ["float32", "int8"])
+def test_steps_write_into_the_caches_buffers_and_decode_step_returns_its_own(dtype: str) -> None:
+    """A batch's steps hand back logits in the cache's scratch buffer (no (rows, V) array a step: glibc mapped one
+    anew every step under `checkpoint.settle_heap`'s threshold), while `decode_step` without `out` returns a tensor of
+    its own each call, so a caller that keeps one step's logits (tests/test_model.py stacks them) keeps them."""
+    fused, _ = nets(dtype, norm="pre", activation="relu")
+    batch = DecodeBatch(fused, 8, 12, 16)
+    config = GenerationConfig(max_new_tokens=16, min_new_tokens=16)
+    with torch.inference_mode():
+        batch.admit([((0, i), SOURCES[i], config) for i in range(3)])
+        first, _ = batch.forward()
+        kept = first.clone()
+        batch.record(first.argmax(-1))
+        second, _ = batch.forward()
+        assert second.data_ptr() == first.data_ptr() == batch.cache.scratch("logits", 3, fused.cfg.tgt_vocab_size).data_ptr()
+        assert not torch.equal(second, kept)  # the next step's numbers, in the same memory
+        cache = fused.new_cache(2, 12, 8)
+        cache.admit(0, *fused.encode_cross(torch.tensor([SOURCES[0], SOURCES[3] + [0, 0]])))
+        a = fused.decode_step(torch.tensor([1, 1]), cache)
+        b = fused.decode_step(torch.tensor([5, 6]), cache)
+        assert a.data_ptr() != b.data_ptr() and not torch.equal(a, b)
