@@ -661,8 +661,8 @@ def _rows_own(x, w, scale, bias, sums, act, y, j0, j1):  # type: ignore[no-untyp
         a[r] = _row_scale(x[r])
         _round_into(x[r], a[r], xq[r])
     # the int32 sums in y's own memory, each read once where its float32 output is then written: a (B, N) array of
-    # their own was 3.7 MB a step for 16 rows of an OPUS-MT output product, mapped anew each time under the mmap
-    # threshold that `checkpoint.settle_heap` fixes
+    # their own was 3.7 MB a step for 16 rows of an OPUS-MT output product, mapped anew each time under a fixed mmap
+    # threshold (`checkpoint.settle_heap`)
     dots = y.view(np.int32)
     if INT8_DOT and K % 32 == 0:
         _byte_dots_cols(xq, w, dots, j0, j1)

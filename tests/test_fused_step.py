@@ -532,7 +532,8 @@ def test_steps_write_into_the_caches_buffers_and_decode_step_returns_its_own(dty
         kept = first.clone()
         batch.record(first.argmax(-1))
         second, _ = batch.forward()
-        assert second.data_ptr() == first.data_ptr() == batch.cache.scratch("logits", 3, fused.cfg.tgt_vocab_size).data_ptr()
+        kept_with_cache = batch.cache.scratch("logits", 3, fused.cfg.tgt_vocab_size)
+        assert second.data_ptr() == first.data_ptr() == kept_with_cache.data_ptr()
         assert not torch.equal(second, kept)  # the next step's numbers, in the same memory
         cache = fused.new_cache(2, 12, 8)
         cache.admit(0, *fused.encode_cross(torch.tensor([SOURCES[0], SOURCES[3] + [0, 0]])))
