@@ -83,7 +83,7 @@ def short_beam_step(batch: DecodeBatch, seqs: list[Sequence]) -> bool:
     st, eos = batch.state, batch.cfg.eos_id
     history, n_gen, last, min_new = st.host_views()
     ban_tokens(logits.numpy(), batch.banned_host, eos, n_gen[:n], min_new[:n])
-    logprobs = lp.log_softmax(logits, out=batch.cache.scratch("logprobs", n, V))
+    logprobs = lp.log_softmax(logits, out=batch.buffer("logprobs"))
     m, c = len(seqs), min(2 * k, k * V)
     rows_h = np.array([s.rows for s in seqs], np.int64)  # (m, k)
     top, beam_h, token_h = np.empty((m, c), np.float32), np.empty((m, c), np.int64), np.empty((m, c), np.int64)

@@ -319,7 +319,7 @@ class DecodeBatch:
         self.plain = self.graphed is None and self.net.device.type == "cpu" and all(s.plain for s in seqs)
         if self.plain:
             if fused is not None and fused.takes(self.n):
-                logits = fused(last, self.cache, out=self._logits_out())  # (n, V) float32
+                logits = fused(last, self.cache, out=self.buffer("logits"))  # (n, V) float32
                 if choose:
                     history, n_gen, last_host, min_new = self.state.host_views()
                     n = self.n
@@ -327,7 +327,7 @@ class DecodeBatch:
                                                min_new[:n], history, last_host[:n])
                     return logits, None
             else:  # more rows than the fused step takes: the settings in numpy still save a few torch calls
-                logits = self.net.decode_step(last, self.cache, out=self._logits_out()).float()
+                logits = self.net.decode_step(last, self.cache, out=self.buffer("logits")).float()
             self._process_host(logits.numpy())
             return logits, None
         align: list[Tensor] | None = [] if any(s.aligns is not None for s in seqs) else None
@@ -335,7 +335,7 @@ class DecodeBatch:
         if graphed:
             logits = graphed(last, align)
         else:  # (n, V)
-            logits = net.decode_step(last, self.cache, align, out=self._logits_out()).float()
+            logits = net.decode_step(last, self.cache, align, out=self.buffer("logits")).float()
         self._process(logits, seqs)
         return logits, (align[0].argmax(-1) if align else None)
 
@@ -346,15 +346,15 @@ class DecodeBatch:
         fused = self.net.fused
         if fused is None or self.graphed is not None or not fused.takes(self.n):
             return None
-        return fused(self.state.last[: self.n], self.cache, out=self._logits_out())
+        return fused(self.state.last[: self.n], self.cache, out=self.buffer("logits"))
 
-    def _logits_out(self) -> Tensor | None:
-        """Where the fused CPU step writes this step's logits: a buffer of the cache's, valid until the next step (a
-        fresh (n, V) a step made glibc's heap grow, or map it anew every step; `KVCache.scratch`). None off the
-        CPU."""
+    def buffer(self, name: str) -> Tensor | None:
+        """Where this step writes its (n, V) `name` ("logits", "logprobs") on the CPU: a buffer of the cache's, valid
+        until the next step (a fresh array a step made glibc's heap grow, or map it anew every step;
+        `KVCache.scratch`). None off the CPU, where each step makes its own."""
         if self.net.device.type != "cpu":
             return None
-        return self.cache.scratch("logits", self.n, self.cfg.tgt_vocab_size)
+        return self.cache.scratch(name, self.n, self.cfg.tgt_vocab_size)
 
     def _process_host(self, logits: np.ndarray) -> None:
         """`_process`'s first two rules in numpy (all of it for plain greedy rows): banned tokens, and no end of

@@ -97,9 +97,9 @@ def log_softmax(logits: Tensor, out: Tensor | None = None) -> Tensor:
     shape to write into (`KVCache.scratch`), else a new one."""
     threads = torch.get_num_threads()
     if threads == 1 or logits.numel() > ONE_THREAD_MAX or logits.device.type != "cpu":
-        return logits.log_softmax(-1) if out is None else torch.log_softmax(logits, -1, out=out)
+        return torch.log_softmax(logits, -1, out=out)
     torch.set_num_threads(1)
     try:
-        return logits.log_softmax(-1) if out is None else torch.log_softmax(logits, -1, out=out)
+        return torch.log_softmax(logits, -1, out=out)
     finally:
         torch.set_num_threads(threads)

@@ -87,8 +87,7 @@ def step(batch: DecodeBatch) -> list[Event]:
             batch.remove(done)
         return events
     sources = align.tolist() if align is not None else None  # per row, the source position of its new token
-    out = batch.cache.scratch("logprobs", n, logits.shape[1]) if logits.device.type == "cpu" else None
-    logprobs = _log_probs(logits, seqs, out)  # (n, V), rows nobody reads left unnormalised
+    logprobs = _log_probs(logits, seqs, batch.buffer("logprobs"))  # (n, V), rows nobody reads left unnormalised
     beams = [s for s in seqs if s.beam > 1]
     everyone_beams = sum(s.beam for s in beams) == n
     tokens = logits.new_empty(n, dtype=torch.long) if everyone_beams else argmax(logits)  # (n,)
@@ -132,7 +131,7 @@ def _log_probs(logits: Tensor, seqs: list[Sequence], out: Tensor | None = None) 
     """
     need = [r for s in seqs if s.beam > 1 or s.config.do_sample or s.config.scores for r in s.rows]
     if len(need) == logits.shape[0]:
-        return logits.log_softmax(-1) if out is None else torch.log_softmax(logits, -1, out=out)
+        return torch.log_softmax(logits, -1, out=out)
     if not need:
         return None
     idx = torch.tensor(need, device=logits.device)
