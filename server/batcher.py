@@ -222,9 +222,16 @@ class Batcher:
         """The next command; None when there is none and `block` is off, or the thread is stopping."""
         if self._commands is None:
             try:
-                return self._inbox.get(block=block)
+                return self._inbox.get_nowait()
             except queue.Empty:
-                return None
+                if not block:
+                    return None
+            try:
+                return self._inbox.get(timeout=0.5)
+            except queue.Empty:
+                if self.batch is None or not len(self.batch):
+                    checkpoint.trim_heap()  # idle half a second, as below
+            return self._inbox.get()
         try:
             return self._inbox.get_nowait()  # (`stop` puts a Stop here)
         except queue.Empty:
