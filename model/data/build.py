@@ -18,6 +18,7 @@ from pathlib import Path
 
 from . import apt
 from .clean import reject_reason, tokens
+from .commands import leave_out_described
 from .notice import notice_line
 from .pairs import Pair, pairs_path, read_pairs, write_pairs
 from .sources import ddtp, firefox, gettext_catalogs, kde_docbook, libreoffice, mallard_help
@@ -196,9 +197,15 @@ def main(args: argparse.Namespace) -> int:
     unique = dedup(cleaned, args.max_per_source)
     splits = split_by_source(unique, {"dev": args.dev_size, "test": args.test_size}, args.seed)
     splits, extra = join_train_only(splits, later, args.prose_size, args.max_per_source, args.seed)
+    # English commands that the Portuguese describes ("Open the file" / "Abre o arquivo") teach the third person
+    # where a user wants the imperative; only train leaves them out, so dev and test stay the same sentences
+    train = splits["train"]
+    keep, described = leave_out_described([(p.en, p.pt) for p in train])
+    splits["train"] = [train[i] for i in keep]
     write_splits(out, splits)
     write_notice(out, env, work, used)
     stats["after_dedup"] = len(unique) + extra
+    stats["described_commands_left_out"] = sum(described.values())
     stats["splits"] = {name: split_stats(splits[name]) for name in SPLITS if name in splits}
     stats["packages"] = used
     stats["seconds"] = round(time.monotonic() - started)
