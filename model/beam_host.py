@@ -94,14 +94,42 @@ def _copy_kv(src, dst, T):  # type: ignore[no-untyped-def]  # pragma: no cover -
 
 
 @njit(nogil=True, cache=True)
-def move_beams(rows, picked, tokens, score, self_kv, T, history, pos):  # type: ignore[no-untyped-def]  # pragma: no cover
+def move_rows(kv, n, src, dst, through, transit):  # type: ignore[no-untyped-def]  # pragma: no cover - compiled
+    """Row dst[i] of kv (L, 2, R, H, N, Dh) takes row src[i]'s positions below n, in every layer, K and V. Rows
+    whose source is also written (through[i]) are read into transit (flat, at least sum(through) * H * n * Dh long)
+    first, a layer's K or V at a time; the others are copied directly, since nothing writes their sources."""
+    L, _, _, H, _, Dh = kv.shape
+    m = 0
+    for i in range(src.shape[0]):
+        m += through[i]
+    aside = transit[:m * H * n * Dh].reshape((m, H, n, Dh))
+    for layer in range(L):
+        for c in range(2):
+            block = kv[layer, c]
+            k = 0
+            for i in range(src.shape[0]):
+                if through[i]:
+                    _copy_kv(block[src[i]], aside[k], n)
+                    k += 1
+            k = 0
+            for i in range(src.shape[0]):
+                if through[i]:
+                    _copy_kv(aside[k], block[dst[i]], n)
+                    k += 1
+                else:
+                    _copy_kv(block[src[i]], block[dst[i]], n)
+
+
+@njit(nogil=True, cache=True)
+def move_beams(rows, picked, tokens, score, self_kv, T, history, pos, transit):  # type: ignore[no-untyped-def]  # pragma: no cover
     """Each sentence's rows take the continuations `choose_beams` picked: row rows[j, b] continues the beam
     rows[j, picked[j, b, 0]] (its self-attention K/V of positions below T (self_kv (L, 2, R, H, T_max, Dh)), its
     history and position, when it is another row) with token picked[j, b, 1] (into tokens) and running score
-    picked[j, b, 2] (into score). A sentence's rows are read before any of them is written."""
+    picked[j, b, 2] (into score). A sentence's rows are read before any of them is written, into transit (flat, at
+    least k * L * 2 * H * T * Dh long)."""
     m, k = rows.shape
     L, _, _, H, _, Dh = self_kv.shape
-    kv = np.empty((k, L, 2, H, T, Dh), self_kv.dtype)
+    kv = transit[:k * L * 2 * H * T * Dh].reshape((k, L, 2, H, T, Dh))
     hist = np.empty((k, history.shape[1]), history.dtype)
     at = np.empty(k, pos.dtype)
     for j in range(m):
@@ -130,7 +158,7 @@ def move_beams(rows, picked, tokens, score, self_kv, T, history, pos):  # type: 
 
 @njit(nogil=True, cache=True)
 def advance_beams(logprobs, rows, score, eos, top, beam, token, picked, ended,  # type: ignore[no-untyped-def]
-                  self_kv, T, history, pos, n_gen, last):  # pragma: no cover - compiled
+                  self_kv, T, history, pos, n_gen, last, transit):  # pragma: no cover - compiled
     """A whole beam-search step after the log-probs, for batches whose every row is a beam of the sentences `rows`
     (m, k): `choose_beams`, `move_beams` with the tokens written into `last`, then each row's token recorded as
     `DecodeBatch.record_host` does (history, n_gen). False, with nothing moved or recorded, where a sentence found
@@ -138,7 +166,7 @@ def advance_beams(logprobs, rows, score, eos, top, beam, token, picked, ended,  
     m, k = rows.shape
     if choose_beams(logprobs, rows, score, eos, top, beam, token, picked, ended) < k:
         return False
-    move_beams(rows, picked, last, score, self_kv, T, history, pos)
+    move_beams(rows, picked, last, score, self_kv, T, history, pos, transit)
     at_most = history.shape[1] - 1
     for j in range(m):
         for b in range(k):

@@ -90,8 +90,9 @@ def short_beam_step(batch: DecodeBatch, seqs: list[Sequence]) -> bool:
     chosen_h, ended_h = np.empty((m, k, 3)), np.empty((m, k + 1, 2))
     pos, _, self_kv, _ = batch.cache.host_views()
     T = min(batch.cache.t_hi + 1, batch.cache.max_tgt)
+    transit = batch.cache.transit(k * _row_elements(self_kv, T))
     if not advance_beams(logprobs.numpy(), rows_h, st.score.numpy(), eos, top, beam_h, token_h, chosen_h, ended_h,
-                         self_kv, T, history, pos, n_gen, last):
+                         self_kv, T, history, pos, n_gen, last, transit):
         tokens = logprobs.new_empty(n, dtype=torch.long)  # a vocabulary too small for k continuations
         beam_step(batch, seqs, logprobs, tokens, None)
         batch.record(tokens)
@@ -176,7 +177,7 @@ def beam_step(batch: DecodeBatch, beams: list[Sequence], logprobs: Tensor, token
                 and logprobs.numel() <= COMPILED_MAX)
     plain = [s for s in beams if s.constraints is None]
     constrained = [s for s in beams if s.constraints is not None]
-    moves = _host_moves(batch) if compiled else None
+    moves = _host_moves(batch, max(s.beam for s in beams)) if compiled else None
     if constrained or not compiled:
         top_logprobs, top_tokens = top_k(logprobs, K)  # (n, K) best first
     src_rows: list[int] = []
@@ -256,13 +257,22 @@ def beam_step(batch: DecodeBatch, beams: list[Sequence], logprobs: Tensor, token
     st.score[rows] = down[2 * R : 3 * R].float()
 
 
-def _host_moves(batch: DecodeBatch) -> tuple[np.ndarray, int, np.ndarray, np.ndarray] | None:
-    """What `move_beams` moves a beam's row with: the self-attention K/V and the length of it in use, the history
-    and the positions, as numpy arrays over the batch's memory; None where numpy cannot hold the cache."""
+def _host_moves(batch: DecodeBatch, k: int) -> tuple[np.ndarray, int, np.ndarray, np.ndarray, np.ndarray] | None:
+    """What `move_beams` moves a sentence's k beam rows with: the self-attention K/V and the length of it in use,
+    the history, the positions (numpy arrays over the batch's memory) and the cache's transit array; None where
+    numpy cannot hold the cache."""
     if move_beams is None or batch.cache.self_kv.dtype != torch.float32:
         return None
     pos, _, self_kv, _ = batch.cache.host_views()
-    return self_kv, min(batch.cache.t_hi + 1, batch.cache.max_tgt), batch.state.host_views()[0], pos
+    T = min(batch.cache.t_hi + 1, batch.cache.max_tgt)
+    transit = batch.cache.transit(k * _row_elements(self_kv, T))
+    return self_kv, T, batch.state.host_views()[0], pos, transit
+
+
+def _row_elements(self_kv: np.ndarray, T: int) -> int:
+    """The elements of one row's self-attention K/V below position T, every layer (self_kv (L, 2, R, H, T_max, Dh))."""
+    L, _, _, H, _, Dh = self_kv.shape
+    return int(L * 2 * H * T * Dh)
 
 
 def _take(seq: Sequence, chosen: list[list[float]], ended: list[list[float]], sources: list[int] | None) -> None:

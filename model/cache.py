@@ -15,6 +15,11 @@ from torch import Tensor
 
 HOST_COPY = (torch.float32, torch.float16)  # cache dtypes numpy holds (bfloat16 it does not)
 
+try:  # numba's (or compiled ahead); without it (the GPU script's bare machine) numpy's fancy indexing moves rows
+    from model.beam_host import move_rows
+except (ImportError, RuntimeError):  # pragma: no cover - RuntimeError: numba finds no writable cache
+    move_rows = None  # type: ignore[assignment]
+
 
 class KVCache:
     """All decoder layers' K/V for `rows` sequences of up to `max_tgt` tokens over sources of up to `max_src`."""
@@ -53,6 +58,7 @@ class KVCache:
         self.s_lo = self.s_hi = 0
         self._host: tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray] | None = None
         self._scratch: dict[str, Tensor] = {}
+        self._transit = np.empty(0, np.float32)
 
     def host_views(self) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
         """pos, src_mask, self_kv and cross_kv as numpy arrays over the same memory (CPU only): what the fused step
@@ -71,6 +77,17 @@ class KVCache:
         if buf is None or buf.shape[1] != V:
             buf = self._scratch[name] = torch.empty(self.rows, V, device=self.pos.device)
         return buf[:B]
+
+    def transit(self, elements: int) -> np.ndarray:
+        """A flat host array of the cache's dtype, at least `elements` long, kept with the cache: where K/V rows in
+        transit go (`copy_rows`, `beam_host.move_beams`), so a beam step allocates nothing. Made anew, unfilled,
+        at twice the size when too small, so only the pages a move reaches are ever touched."""
+        if self._transit.size < elements or self._transit.dtype != self._host_dtype():
+            self._transit = np.empty(max(elements, 2 * self._transit.size), self._host_dtype())
+        return self._transit
+
+    def _host_dtype(self) -> np.dtype:
+        return np.dtype(np.float16 if self.self_kv.dtype == torch.float16 else np.float32)
 
     @property
     def nbytes(self) -> int:
@@ -165,15 +182,25 @@ class KVCache:
         self.pos[dst] = self.pos[src]
 
     def _copy_rows_host(self, bufs: list[tuple[Tensor, int]], src: np.ndarray, dst: np.ndarray, cross: bool) -> None:
-        """`copy_rows` on the CPU in numpy, whose fancy indexing costs a few us where torch's index_select and
-        index_copy_ cost 10-25 (a beam-4 reorder of the shipped model: 27-35 against 103 us, ad hoc)."""
+        """`copy_rows` on the CPU: `beam_host.move_rows`, which copies a row directly unless its source is written
+        too and moves the others through `transit`; numpy's fancy indexing without numba. (torch's index_select and
+        index_copy_ cost 10-25 us a call where numpy's cost a few: a beam-4 reorder of the shipped model took 27-35
+        against 103 us, ad hoc. numpy's made a new array of every moved row each time, 9.5 MB a layer and step for
+        beam 4 at 32 sentences of an OPUS-MT model.)"""
         stay = src == dst  # a beam that goes on from itself: nothing to copy
         if stay.any():
             src, dst = src[~stay], dst[~stay]
-        for buf, n in bufs:
-            for layer in buf.numpy()[:, :, :, :, :n]:
-                for kv in layer:  # (R, H, n, Dh): the right side is a copy first, so overlapping rows are safe
-                    kv[dst] = kv[src]
+        if move_rows is not None:
+            through = np.isin(src, dst)  # rows whose source is written too: read aside before any is written
+            _, _, R, H, _, Dh = self.self_kv.shape
+            transit = self.transit(int(through.sum()) * H * max(n for _, n in bufs) * Dh)
+            for buf, n in bufs:
+                move_rows(buf.numpy(), n, src, dst, through, transit)
+        else:
+            for buf, n in bufs:
+                for layer in buf.numpy()[:, :, :, :, :n]:
+                    for kv in layer:  # (R, H, n, Dh): the right side is a copy first, so overlapping rows are safe
+                        kv[dst] = kv[src]
         if cross:
             mask = self.src_mask.numpy()
             mask[dst] = mask[src]

@@ -13,6 +13,7 @@ A model directory holds:
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import functools
 import gc
@@ -20,7 +21,7 @@ import json
 import os
 import shutil
 import warnings
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
@@ -216,7 +217,21 @@ def return_freed_memory() -> None:
 
 
 MMAP_THRESHOLD = 4 << 20  # `settle_heap`'s default (TOLK_MMAP_THRESHOLD)
+LOAD_MMAP_THRESHOLD = 128 << 10  # `loading_heap`'s: glibc's own starting value, held fixed while a model loads
 M_MMAP_THRESHOLD = -3  # mallopt's parameter (glibc's malloc.h)
+
+
+def _mmap_threshold(value: int) -> None:
+    """Fix glibc's mmap threshold at `value` bytes, unless MALLOC_MMAP_THRESHOLD_ in the environment (which glibc
+    has read already) or TOLK_MMAP_THRESHOLD=0 keeps glibc's own. Nothing happens where the C library has no
+    mallopt."""
+    if "MALLOC_MMAP_THRESHOLD_" in os.environ or int(os.environ.get("TOLK_MMAP_THRESHOLD", MMAP_THRESHOLD)) <= 0:
+        return
+    try:
+        mallopt = ctypes.CDLL(None).mallopt
+    except (OSError, AttributeError):
+        return
+    mallopt(M_MMAP_THRESHOLD, value)
 
 
 def settle_heap() -> None:
@@ -228,19 +243,26 @@ def settle_heap() -> None:
     at 4 MB (ad hoc, VmHWM over three or four batches). What a decoder step writes anew every time is kept in buffers
     (`KVCache.scratch`, the int8 sums in their outputs' memory), so no fused step maps or faults in memory; 4 MB
     rather than 1 leaves the operator step's own per-step arrays in the heap (the shipped model's logits at 128 rows,
-    4.1 MB: float32 beam 4 at 32 sentences ran 0.90x the speed before at 1 MB, 1.01x at 4). A
-    MALLOC_MMAP_THRESHOLD_ in the environment, which glibc has read already, wins. Nothing happens where the C library
-    has no mallopt."""
-    if "MALLOC_MMAP_THRESHOLD_" in os.environ:
+    4.1 MB: float32 beam 4 at 32 sentences ran 0.90x the speed before at 1 MB, 1.01x at 4)."""
+    _mmap_threshold(int(os.environ.get("TOLK_MMAP_THRESHOLD", MMAP_THRESHOLD)))
+
+
+@contextlib.contextmanager
+def loading_heap(device: torch.device) -> Iterator[None]:
+    """While a model loads onto the CPU, blocks of 128 KB and more come from mmap (`LOAD_MMAP_THRESHOLD`), and
+    `settle_heap` follows. Loading frees float32 weights as their quantized or prepacked copies are made, between
+    blocks that stay: from the heap, they left it full of holes (an OPUS-MT model in int8: 303 MB of heap, 142 of
+    them free). Trimming hands those pages back, but decoding then allocates across the holes and faults them in
+    again: beam 4 on one sentence, 64 tokens, took the process 30-35 MB over the loaded model, where it takes 6-8
+    with the holes gone (ad hoc, mallinfo2 and /proc/self/statm)."""
+    if device.type != "cpu":
+        yield
         return
-    value = int(os.environ.get("TOLK_MMAP_THRESHOLD", MMAP_THRESHOLD))
-    if value <= 0:
-        return
+    _mmap_threshold(LOAD_MMAP_THRESHOLD)
     try:
-        mallopt = ctypes.CDLL(None).mallopt
-    except (OSError, AttributeError):
-        return
-    mallopt(M_MMAP_THRESHOLD, value)
+        yield
+    finally:
+        settle_heap()
 
 
 def trim_heap() -> None:
@@ -285,6 +307,16 @@ def load(directory: Path | str, device: str = "auto", dtype: str = "float32",
         raise ValueError(f"dtype {dtype!r} runs on the CPU only")
     meta = read_meta(directory)
     arithmetic = int8_arithmetic(meta.path, int8) if dtype == "int8" else None
+    with loading_heap(dev):
+        model, net, parameters = _build(meta, dev, dtype, arithmetic, keep_modules)
+        return_freed_memory()
+    return LoadedModel(meta.path, meta.info, model, meta.tokenizer, meta.generation, dtype, parameters, net,
+                       arithmetic)
+
+
+def _build(meta: ModelMeta, dev: torch.device, dtype: str, arithmetic: str | None,
+           keep_modules: bool) -> tuple[Transformer, FrozenTransformer, int]:
+    """`load`'s model, frozen network and parameter count."""
     model = Transformer(meta.cfg)
     # Whatever the stored dtype (float32, or float16 to ship half the bytes), read_weights copies the weights
     # into this float32 model with a cast: every precision below starts from float32, as if stored so.
@@ -312,11 +344,7 @@ def load(directory: Path | str, device: str = "auto", dtype: str = "float32",
                 p.pack()
                 release_linears(p.linears)
         release_linear_weights(model, net)  # (after: the tables go too where the fused step's copy serves them)
-    return_freed_memory()
-    if dev.type == "cpu":
-        settle_heap()
-    return LoadedModel(meta.path, meta.info, model, meta.tokenizer, meta.generation, dtype, parameters, net,
-                       arithmetic)
+    return model, net, parameters
 
 
 def save(

@@ -764,3 +764,35 @@ def test_a_key_already_decoding_is_refused_before_anything_changes(loaded: check
         with pytest.raises(ValueError, match="already decoding"):
             batch.admit(items)
         assert batch.n == 1 and list(batch.seqs) == [(0, 0)]
+
+
+@pytest.mark.parametrize("compiled", [True, False])
+def test_cache_row_moves_equal_fancy_indexing_with_overlap_and_repeats(compiled: bool,
+                                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    """`KVCache.copy_rows` on the CPU (`beam_host.move_rows` through the cache's transit array, or numpy without
+    numba) against torch's gather of the old rows: sources that are written too, a source read twice, cycles,
+    rows that stay, and a second move that reuses the transit array."""
+    import model.cache
+    from model.cache import KVCache
+
+    if not compiled:
+        monkeypatch.setattr(model.cache, "move_rows", None)
+    elif model.cache.move_rows is None:
+        pytest.skip("no numba")
+    torch.manual_seed(0)
+    cache = KVCache(2, 8, 2, 4, max_src=5, max_tgt=7)
+    cache.self_kv.normal_()
+    cache.cross_kv.normal_()
+    cache.src_mask.copy_(torch.rand(8, 5) > 0.5)
+    cache.pos.copy_(torch.arange(8))
+    cache.t_hi, cache.s_hi = 4, 5
+    for src, dst in (([1, 0, 3, 3, 6, 5], [0, 1, 2, 3, 5, 7]), ([2, 2, 7, 4, 0], [4, 7, 2, 0, 6])):
+        before = [t.clone() for t in (cache.self_kv, cache.cross_kv, cache.src_mask, cache.pos)]
+        expected = [t.clone() for t in before]
+        s, d = torch.tensor(src), torch.tensor(dst)
+        expected[0][:, :, d, :, :5] = before[0][:, :, s, :, :5]  # positions up to t_hi: what a step reads
+        expected[1][:, :, d] = before[1][:, :, s]
+        expected[2][d], expected[3][d] = before[2][s], before[3][s]
+        cache.copy_rows(s, d)
+        for got, want in zip((cache.self_kv, cache.cross_kv, cache.src_mask, cache.pos), expected, strict=True):
+            assert torch.equal(got, want)
