@@ -79,15 +79,12 @@ class KVCache:
         return buf[:B]
 
     def transit(self, elements: int) -> np.ndarray:
-        """A flat host array of the cache's dtype, at least `elements` long, kept with the cache: where K/V rows in
-        transit go (`copy_rows`, `beam_host.move_beams`), so a beam step allocates nothing. Made anew, unfilled,
-        at twice the size when too small, so only the pages a move reaches are ever touched."""
-        if self._transit.size < elements or self._transit.dtype != self._host_dtype():
-            self._transit = np.empty(max(elements, 2 * self._transit.size), self._host_dtype())
+        """A flat float32 host array, at least `elements` long, kept with the cache: where K/V rows in transit go
+        (`copy_rows`, `beam_host.move_beams`), so a beam step allocates nothing. Made anew, unfilled, at twice the
+        size when too small, so only the pages a move reaches are ever touched."""
+        if self._transit.size < elements:
+            self._transit = np.empty(max(elements, 2 * self._transit.size), np.float32)
         return self._transit
-
-    def _host_dtype(self) -> np.dtype:
-        return np.dtype(np.float16 if self.self_kv.dtype == torch.float16 else np.float32)
 
     @property
     def nbytes(self) -> int:
@@ -190,7 +187,7 @@ class KVCache:
         stay = src == dst  # a beam that goes on from itself: nothing to copy
         if stay.any():
             src, dst = src[~stay], dst[~stay]
-        if move_rows is not None:
+        if move_rows is not None and self.self_kv.dtype == torch.float32:  # (numba has no float16 arithmetic)
             through = np.isin(src, dst)  # rows whose source is written too: read aside before any is written
             _, _, R, H, _, Dh = self.self_kv.shape
             transit = self.transit(int(through.sum()) * H * max(n for _, n in bufs) * Dh)

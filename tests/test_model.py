@@ -766,8 +766,9 @@ def test_a_key_already_decoding_is_refused_before_anything_changes(loaded: check
         assert batch.n == 1 and list(batch.seqs) == [(0, 0)]
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
 @pytest.mark.parametrize("compiled", [True, False])
-def test_cache_row_moves_equal_fancy_indexing_with_overlap_and_repeats(compiled: bool,
+def test_cache_row_moves_equal_fancy_indexing_with_overlap_and_repeats(compiled: bool, dtype: torch.dtype,
                                                                       monkeypatch: pytest.MonkeyPatch) -> None:
     """`KVCache.copy_rows` on the CPU (`beam_host.move_rows` through the cache's transit array, or numpy without
     numba) against torch's gather of the old rows: sources that are written too, a source read twice, cycles,
@@ -780,7 +781,7 @@ def test_cache_row_moves_equal_fancy_indexing_with_overlap_and_repeats(compiled:
     elif model.cache.move_rows is None:
         pytest.skip("no numba")
     torch.manual_seed(0)
-    cache = KVCache(2, 8, 2, 4, max_src=5, max_tgt=7)
+    cache = KVCache(2, 8, 2, 4, max_src=5, max_tgt=7, dtype=dtype)  # float16: numpy's way in both
     cache.self_kv.normal_()
     cache.cross_kv.normal_()
     cache.src_mask.copy_(torch.rand(8, 5) > 0.5)
