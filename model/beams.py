@@ -89,8 +89,7 @@ def short_beam_step(batch: DecodeBatch, seqs: list[Sequence]) -> bool:
     top, beam_h, token_h = np.empty((m, c), np.float32), np.empty((m, c), np.int64), np.empty((m, c), np.int64)
     chosen_h, ended_h = np.empty((m, k, 3)), np.empty((m, k + 1, 2))
     pos, _, self_kv, _ = batch.cache.host_views()
-    T = min(batch.cache.t_hi + 1, batch.cache.max_tgt)
-    transit = batch.cache.transit(k * _row_elements(self_kv, T))
+    T, transit = batch.cache.beam_moves(k)
     if not advance_beams(logprobs.numpy(), rows_h, st.score.numpy(), eos, top, beam_h, token_h, chosen_h, ended_h,
                          self_kv, T, history, pos, n_gen, last, transit):
         tokens = logprobs.new_empty(n, dtype=torch.long)  # a vocabulary too small for k continuations
@@ -264,15 +263,8 @@ def _host_moves(batch: DecodeBatch, k: int) -> tuple[np.ndarray, int, np.ndarray
     if move_beams is None or batch.cache.self_kv.dtype != torch.float32:
         return None
     pos, _, self_kv, _ = batch.cache.host_views()
-    T = min(batch.cache.t_hi + 1, batch.cache.max_tgt)
-    transit = batch.cache.transit(k * _row_elements(self_kv, T))
+    T, transit = batch.cache.beam_moves(k)
     return self_kv, T, batch.state.host_views()[0], pos, transit
-
-
-def _row_elements(self_kv: np.ndarray, T: int) -> int:
-    """The elements of one row's self-attention K/V below position T, every layer (self_kv (L, 2, R, H, T_max, Dh))."""
-    L, _, _, H, _, Dh = self_kv.shape
-    return int(L * 2 * H * T * Dh)
 
 
 def _take(seq: Sequence, chosen: list[list[float]], ended: list[list[float]], sources: list[int] | None) -> None:

@@ -78,6 +78,13 @@ class KVCache:
             buf = self._scratch[name] = torch.empty(self.rows, V, device=self.pos.device)
         return buf[:B]
 
+    def beam_moves(self, k: int) -> tuple[int, np.ndarray]:
+        """For `beam_host.move_beams`: the self-attention length in use (T, positions below it are ever read) and the
+        transit array for k rows' K/V below it, every layer."""
+        L, _, _, H, _, Dh = self.self_kv.shape
+        T = min(self.t_hi + 1, self.max_tgt)
+        return T, self.transit(k * L * 2 * H * T * Dh)
+
     def transit(self, elements: int) -> np.ndarray:
         """A flat float32 host array, at least `elements` long, kept with the cache: where K/V rows in transit go
         (`copy_rows`, `beam_host.move_beams`), so a beam step allocates nothing. Made anew, unfilled, at twice the
@@ -189,7 +196,7 @@ class KVCache:
             src, dst = src[~stay], dst[~stay]
         if move_rows is not None and self.self_kv.dtype == torch.float32:  # (numba has no float16 arithmetic)
             through = np.isin(src, dst)  # rows whose source is written too: read aside before any is written
-            _, _, R, H, _, Dh = self.self_kv.shape
+            _, _, _, H, _, Dh = self.self_kv.shape
             transit = self.transit(int(through.sum()) * H * max(n for _, n in bufs) * Dh)
             for buf, n in bufs:
                 move_rows(buf.numpy(), n, src, dst, through, transit)

@@ -222,16 +222,13 @@ class Batcher:
         """The next command; None when there is none and `block` is off, or the thread is stopping."""
         if self._commands is None:
             try:
-                return self._inbox.get_nowait()
+                return self._inbox.get(block=block, timeout=0.5 if block else None)
             except queue.Empty:
                 if not block:
                     return None
-            try:
-                return self._inbox.get(timeout=0.5)
-            except queue.Empty:
-                if self.batch is None or not len(self.batch):
-                    checkpoint.trim_heap()  # idle half a second, as below
-            return self._inbox.get()
+            if self.batch is None or not len(self.batch):
+                checkpoint.trim_heap()  # idle half a second, as below
+            return self._inbox.get()  # (`stop` puts a Stop here)
         try:
             return self._inbox.get_nowait()  # (`stop` puts a Stop here)
         except queue.Empty:
