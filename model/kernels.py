@@ -291,8 +291,12 @@ _bytes_1x2, _bytes_1x1 = _byte_panel_kernel(1, 2), _byte_panel_kernel(1, 1)
 # busy at one row, and the weights loaded once for up to four rows. Chosen among 4x2, 6x2, 8x1 and 4x4 layouts,
 # ad hoc, on the AVX-512 machine and with numba told to compile for AVX2 alone: within 5% of each other from 8 rows,
 # a 3-row kernel 1.2x at 3 rows (bench/panels.py times the products against the dot products they replaced)
-_panels_4x1, _panels_3x2 = _panel_kernel(4, 1), _panel_kernel(3, 2)
-_panels_2x2, _panels_1x4 = _panel_kernel(2, 2), _panel_kernel(1, 4)
+# 16 accumulators where the panels allow: a core with two full-width 512-bit multiply-add units (AMD Zen 5) needs 8
+# or more multiply-adds in flight; one whose units are 256 bits wide (Zen 4) is fed by 4 (docs/benchmarks.md)
+_panels_4x4, _panels_4x2, _panels_4x1 = _panel_kernel(4, 4), _panel_kernel(4, 2), _panel_kernel(4, 1)
+_panels_3x4, _panels_3x2 = _panel_kernel(3, 4), _panel_kernel(3, 2)
+_panels_2x4, _panels_2x2 = _panel_kernel(2, 4), _panel_kernel(2, 2)
+_panels_1x4 = _panel_kernel(1, 4)
 _panels_1x2, _panels_1x1 = _panel_kernel(1, 2), _panel_kernel(1, 1)
 
 
@@ -477,12 +481,24 @@ def _panel_rows(x, w, scale, bias, act, y, j0, j1):  # type: ignore[no-untyped-d
             while j < c1:
                 left = (c1 - j) // PANEL
                 at_x, at_w, at_y = r * xs, j * K, r * ys + j
-                if n == 4:
+                if n == 4 and left >= 4:
+                    _panels_4x4(x, at_x, xs, w, at_w, K, y, at_y, ys)
+                    j += 4 * PANEL
+                elif n == 4 and left >= 2:
+                    _panels_4x2(x, at_x, xs, w, at_w, K, y, at_y, ys)
+                    j += 2 * PANEL
+                elif n == 4:
                     _panels_4x1(x, at_x, xs, w, at_w, K, y, at_y, ys)
                     j += PANEL
+                elif n == 3 and left >= 4:
+                    _panels_3x4(x, at_x, xs, w, at_w, K, y, at_y, ys)
+                    j += 4 * PANEL
                 elif n == 3 and left >= 2:
                     _panels_3x2(x, at_x, xs, w, at_w, K, y, at_y, ys)
                     j += 2 * PANEL
+                elif n == 2 and left >= 4:
+                    _panels_2x4(x, at_x, xs, w, at_w, K, y, at_y, ys)
+                    j += 4 * PANEL
                 elif n >= 2 and left >= 2:
                     _panels_2x2(x, at_x, xs, w, at_w, K, y, at_y, ys)
                     j += 2 * PANEL

@@ -179,11 +179,12 @@ def test_a_one_row_step_in_parts_equals_it_in_one_run(monkeypatch: pytest.Monkey
     assert results[0] == results[1]
 
 
-@pytest.mark.parametrize(("outputs", "act"), [(100, 0), (64, 1), (37, 2)])
+@pytest.mark.parametrize(("outputs", "act"), [(100, 0), (64, 1), (37, 2), (200, 0)])
 def test_a_float32_product_in_panels_is_each_rows_own(outputs: int, act: int) -> None:
-    """float32 weights packed in panels (`pack_panels`; 100 and 37 outputs leave rows outside any panel): the
-    product equals float64's within float32 rounding, and each output is bit for bit the same whichever rows share
-    the call and however the columns are cut (in multiples of 16, as `_cols` cuts them over threads)."""
+    """float32 weights packed in panels (`pack_panels`; 100, 37 and 200 outputs leave rows outside any panel; 200
+    takes the kernels of 4 panels a call for 1 to 4 rows): the product equals float64's within float32 rounding, and
+    each output is bit for bit the same whichever rows share the call and however the columns are cut (in multiples
+    of 16, as `_cols` cuts them over threads)."""
     rng = np.random.default_rng(outputs)
     w = rng.normal(0, 1, (outputs, 48)).astype(np.float32)
     bias = rng.normal(0, 1, outputs).astype(np.float32)
