@@ -5,6 +5,9 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PYTHON=${PYTHON:-.venv/bin/python}
+# libgomp reads its spin count when torch loads it; the scripts import torch before model/, whose __init__ sets it
+# (a decoder on two threads ran up to 3x slower with torch's threads spinning, model/__init__.py)
+export GOMP_SPINCOUNT=${GOMP_SPINCOUNT:-10000}
 if [[ ! -f data/corpus/test.en ]]; then
     echo "bench/run_all.sh: data/corpus/test.en is missing; build the corpus first (make corpus)" >&2
     exit 1

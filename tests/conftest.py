@@ -7,7 +7,9 @@ import os
 from pathlib import Path
 
 import pytest
-import torch
+
+os.environ.setdefault("GOMP_SPINCOUNT", "10000")  # as model/__init__.py sets it, before torch loads libgomp
+import torch  # noqa: E402
 
 # The suite runs the kernels through numba's JIT, whatever extension this machine has built
 # (model/native.py; tests/test_native.py builds its own)
