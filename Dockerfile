@@ -46,6 +46,30 @@ COPY model/ model/
 COPY server/ server/
 # hadolint ignore=DL3013
 RUN pip install --no-deps .
+# The CPU kernels compiled ahead for the shipped models (`tolk build-kernels`, model/native.py), for the CPU this
+# image is built on: a container on a machine with the same CPU (`docker compose up --build` builds where it runs)
+# decodes without numba, about 190 MB less a scheduler process and no compiling before /ready. On another CPU the
+# extension does not match and the server compiles the kernels with numba's JIT, as an image built with KERNELS=0.
+# The compilers (numba's pycc checks for C and C++) and Python's headers stay in this stage. A failed build leaves
+# the JIT and says so.
+ARG KERNELS=1
+ENV TOLK_KERNELS_DIR=/opt/tolk-kernels
+COPY weights/ weights/
+# $needed is one word per package
+# hadolint ignore=DL3008,SC2086
+RUN mkdir -p "$TOLK_KERNELS_DIR" \
+    && if [ "$KERNELS" = 1 ]; then \
+        headers=$(python -c 'import sysconfig; print(sysconfig.get_paths()["include"])'); \
+        needed=""; \
+        command -v g++ >/dev/null || needed="g++"; \
+        [ -f "$headers/Python.h" ] || needed="$needed python3-dev"; \
+        if [ -n "$needed" ]; then \
+            { apt-get update && apt-get install -y --no-install-recommends $needed; } >/tmp/apt.log 2>&1 \
+                || { tail -5 /tmp/apt.log; echo "no C compiler: the kernels stay on numba's JIT"; }; \
+        fi; \
+        tolk build-kernels --model weights/en-pt --model weights/pt-en \
+            || echo "kernels not compiled ahead: the server compiles them with numba's JIT"; \
+    fi
 
 
 FROM base AS runtime
@@ -55,15 +79,17 @@ RUN groupadd --system --gid 10001 tolk \
     && useradd --system --uid 10001 --gid tolk --home-dir /app --no-create-home --shell /usr/sbin/nologin tolk \
     && install -d -o 10001 -g 10001 /var/lib/tolk
 COPY --from=build /opt/venv /opt/venv
+COPY --from=build /opt/tolk-kernels /opt/tolk-kernels
 WORKDIR /app
 # The shipped models, owned by root and only readable by the server. Mount a directory on /app/weights to serve
 # other (imported) models instead.
 COPY weights/ weights/
-# numba keeps the compiled decode step (model/fused_step.py, model/kernels.py) in NUMBA_CACHE_DIR; the image's own
-# files are read-only, so the first start compiles it there (/ready 22-38 s after the start on 2 cores) and a new
-# container does again.
+# Where no kernels compiled ahead match this CPU, numba keeps the compiled decode step (model/kernels.py) in
+# NUMBA_CACHE_DIR; the image's own files are read-only, so the first start compiles it there (/ready 22-38 s after
+# the start on 2 cores) and a new container does again.
 ENV PATH=/opt/venv/bin:$PATH \
     TOLK_DATA_DIR=/var/lib/tolk \
+    TOLK_KERNELS_DIR=/opt/tolk-kernels \
     NUMBA_CACHE_DIR=/tmp/numba
 USER 10001:10001
 EXPOSE 8000

@@ -1,11 +1,12 @@
 """Run Tolk's built image and check it as a user of the container would meet it (called by deploy/test-image.sh).
 
-The container runs with the image's own command and defaults (int8 on the CPU, port 8000 inside). Checked:
-`/ready` within the start period; each shipped direction translates a sentence exactly as this checkout's engine
-does with the same weights and settings (one sentence per request, so int8 batches of one on both sides); a
-streamed answer is the plain one; `/metrics` exports Tolk's metrics; the server runs as uid 10001; the image's
-HEALTHCHECK command passes; and on SIGTERM a request already in flight is answered in full before the process exits
-with status 0. Standard library only on the HTTP side; the expected translations come from `model/`.
+The container runs with the image's own command and defaults (int8 on the CPU, port 8000 inside). Checked: `/ready`
+within the start period; each shipped direction translates a sentence exactly as this checkout's engine does with the
+same weights and settings (one sentence per request, so int8 batches of one on both sides); a streamed answer is the
+plain one; `/metrics` exports Tolk's metrics; the server runs as uid 10001; its processes decode with the kernels the
+image compiled ahead, numba never loaded (the image is built on the machine that runs it here); the image's HEALTHCHECK
+command passes; and on SIGTERM a request already in flight is answered in full before the process exits with status 0.
+Standard library only on the HTTP side; the expected translations come from `model/`.
 """
 
 from __future__ import annotations
@@ -33,6 +34,24 @@ SENTENCES = {
 # sentences (the translation cache would answer repeats), each made to run long.
 DRAIN_TEXTS = [f"Step {i}: open the settings, choose the folder number {i} and save the file again." for i in range(48)]
 DRAIN_OPTIONS = {"beam_size": 4, "min_new_tokens": 120, "max_new_tokens": 128}
+
+
+# Run inside the container: which of its processes have the kernels compiled ahead (model/native.py) mapped, and
+# which have numba's compiler (llvmlite) mapped.
+MAPPED = """
+import json, pathlib
+seen = {"ahead": [], "numba": []}
+for proc in pathlib.Path("/proc").glob("[0-9]*"):
+    try:
+        maps = (proc / "maps").read_text()
+    except OSError:
+        continue
+    if "tolk_kernels" in maps:
+        seen["ahead"].append(int(proc.name))
+    if "llvmlite" in maps:
+        seen["numba"].append(int(proc.name))
+print(json.dumps(seen))
+"""
 
 
 class CheckFailed(Exception):
@@ -93,6 +112,7 @@ class Container:
 def engine_translations() -> dict[tuple[str, str], list[str]]:
     """What this checkout's engine makes of SENTENCES with the shipped weights and the server's CPU defaults."""
     sys.path.insert(0, str(ROOT))
+    os.environ.setdefault("GOMP_SPINCOUNT", "10000")  # as model/__init__.py sets it, before torch loads libgomp
     import torch
 
     from model import checkpoint
@@ -152,6 +172,9 @@ def check(c: Container, ready_limit: float) -> None:
     names = {"tolk_requests_total", "tolk_generated_tokens_total", "tolk_decode_step_seconds_bucket"}
     found = {n for n in names if n in metrics.decode()}
     expect(status == 200 and found == names, f"/metrics exports {sorted(names)}")
+    mapped = json.loads(c.run("exec", c.name, "python", "-c", MAPPED).stdout)
+    expect(bool(mapped["ahead"]) and not mapped["numba"],
+           f"the server decodes with the kernels compiled ahead, without numba (processes {mapped})")
     uid = c.run("exec", c.name, "id", "-u").stdout.strip()
     expect(uid == "10001", f"the server runs as uid {uid}")
     health = c.run("healthcheck", "run", c.name, check=False)

@@ -93,6 +93,11 @@ build_start=$SECONDS
     --tag "$IMAGE" . >"$work/build.log" 2>&1 || { tail -30 "$work/build.log"; echo "test-image: build FAILED"; exit 1; }
 echo "test-image: built in $((SECONDS - build_start)) s ($("${podman[@]}" image inspect "$IMAGE" --format '{{.Size}}' \
     | awk '{printf "%.0f MB", $1 / 1e6}'))"
+# What the build said of the kernels it compiled ahead (the Dockerfile's build-kernels step); the whole log is kept
+# where TOLK_IMAGE_BUILD_LOG says
+[ -z "${TOLK_IMAGE_BUILD_LOG:-}" ] || cp "$work/build.log" "$TOLK_IMAGE_BUILD_LOG"
+grep -E "kernels compiled ahead into|^(kernels not compiled|no C compiler|tolk build-kernels)" "$work/build.log" \
+    | sed 's/^/test-image: /' || echo "test-image: the build said nothing of the kernels compiled ahead"
 
 "$PYTHON" deploy/check_image.py --podman "${podman[*]}" --image "$IMAGE" --name "$NAME"
 echo "test-image: done in $((SECONDS - start)) s"
