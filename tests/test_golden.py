@@ -47,7 +47,7 @@ GOLDEN_HTML = {
     "<p>The file <code>config.toml</code> could not be saved.</p>":
         "<p>Não foi possível salvar o arquivo <code>config.toml</code>.</p>",
     "<p>Select <b>File &gt; Save As</b> to save a copy of the document.</p>":
-        "<p>Selecione <b>Arquivo &gt; Salvar como</b> salvar uma cópia do documento.</p>",
+        "<p>Selecione <b>Arquivo &gt; Salvar como</b> para salvar uma cópia do documento.</p>",
 }
 
 
