@@ -131,13 +131,15 @@ def test_a_killed_child_fails_its_requests_and_is_started_again(tiny_model_dir: 
 
 def test_timeouts_and_shutdown_reach_the_client(tiny_model_dir: Path, tiny_loaded: LoadedModel) -> None:
     source = tiny_loaded.tokenizer.encode(TEXTS[2])
-    # 512 steps take well over 20 ms (the tiny model's step is some 0.3 ms here)
+    # as long as the tiny model's positions allow (128): some 127 steps a sentence
     endless: GenerationConfig = tiny_loaded.generation.update(min_new_tokens=512, max_new_tokens=512)
     hasty = process_scheduler(tiny_model_dir, max_batch_rows=1, request_timeout=0.02)
     try:
         async def timed_out() -> None:
+            # 64 sentences one row at a time: some 8,000 steps, far over 20 ms even where one step takes 10 us (a
+            # single sentence's 127 steps took under 20 ms on a Zen 5 EPYC)
             with pytest.raises(TimedOut):
-                await hasty.submit([source], [endless]).results()
+                await hasty.submit([source] * 64, [endless] * 64).results()
 
         asyncio.run(timed_out())
     finally:
