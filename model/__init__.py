@@ -7,8 +7,8 @@ of rows, model/fused_step.py; the fused encoder's runs, model/fused_encoder.py) 
 threads sleep soon after: the fused step of 32 rows on two threads then took 1.71 against 2.80 ms unsplit, and the
 operator step kept its speed (2.50 against 2.49 ms; docs/benchmarks.md). A value set in the environment wins. Once
 torch is loaded this changes nothing, so a program that imports torch first gets a warning: on a 2-core Zen 5 EPYC
-the shipped model decoded one sentence at a time on two threads at 1,210 tokens/s that way, against 3,485 with
-`model` imported first (float32, greedy; docs/benchmarks.md).
+the shipped model decoded one sentence at a time on two threads at 1,150 tokens/s that way, against 3,411 with
+`model` imported first (float32, greedy; `bench/import_order.py`, docs/benchmarks.md).
 """
 
 import os
