@@ -159,12 +159,12 @@ class KVCache:
         S = self.max_src if whole else self.s_hi
         return buf[0, :B, :, :S], buf[1, :B, :, :S]
 
-    def advance(self, B: int, on_device: bool = True) -> None:
-        """Rows 0..B-1 each took one token; on_device=False when a captured step already moved `pos`."""
+    def advance(self, B: int, on_device: bool = True, steps: int = 1) -> None:
+        """Rows 0..B-1 each took `steps` tokens; on_device=False when the step already moved `pos`."""
         if on_device:
-            self.pos[:B] += 1
-        self.t_lo += 1
-        self.t_hi += 1
+            self.pos[:B] += steps
+        self.t_lo += steps
+        self.t_hi += steps
 
     def copy_rows(self, src: Tensor, dst: Tensor, cross: bool = True) -> None:
         """Row dst[i] becomes a copy of row src[i] (beam reordering, packing). Overlap is safe."""

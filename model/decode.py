@@ -159,6 +159,7 @@ class DecodeBatch:
         self.plain = False  # whether the last forward() went the short way (every row plain greedy)
         self.beam_rows: tuple[list[int], Tensor] | None = None  # model.beams.device_beam_step's rows, kept
         self.chosen: np.ndarray | None = None  # the tokens it chose and recorded, if it did (`forward`)
+        self.stepped = 0  # how many steps the last `model.search.steps` took
 
     @property
     def free_rows(self) -> int:
@@ -338,6 +339,23 @@ class DecodeBatch:
             logits = net.decode_step(last, self.cache, align, out=self.buffer("logits")).float()
         self._process(logits, seqs)
         return logits, (align[0].argmax(-1) if align else None)
+
+    def greedy_steps(self, most: int) -> np.ndarray | None:
+        """Up to `most` steps of rows 0..n-1 in one compiled call, until a sequence ends its sentence (end of sentence
+        or its max_new tokens), where every sequence is plain greedy without scores and the fused CPU step takes the
+        rows (`FusedStep.greedy`); None, with nothing done, elsewhere. The tokens (steps, n), chosen and recorded
+        as `forward(choose=True)` and the search's plain way choose and record them one step at a time."""
+        fused, seqs, n = self.net.fused, list(self.seqs.values()), self.n
+        if (self.graphed is not None or fused is None or self.net.device.type != "cpu"
+                or not all(s.plain and not s.config.scores for s in seqs) or not fused.takes(n)):
+            return None
+        history, n_gen, last, min_new = self.state.host_views()
+        max_new = np.empty(n, np.int64)
+        for seq in seqs:
+            max_new[seq.rows[0]] = seq.max_new
+        logits = self.cache.scratch("logits", n, self.cfg.tgt_vocab_size)  # (`buffer`, on the CPU)
+        return fused.greedy(self.state.last[:n], self.cache, logits, self.banned_host, self.cfg.eos_id,
+                            n_gen[:n], min_new[:n], history, last[:n], max_new, most)
 
     def fused_logits(self) -> Tensor | None:
         """Rows 0..n-1's next-token logits (n, V) from the fused CPU step as it gives them, no setting applied, for

@@ -34,6 +34,7 @@ from torch.ao.nn.quantized.dynamic import Linear as QuantizedLinear
 from model.fused_step import MAX_WEIGHT_BYTES, _weights, at_once, input_ranges
 from model.kernels import ACTIVATIONS, INT8_DOT, encode_parts, encoder_shared_size, pack_weights, weight_sums
 from model.kernels import encode as _encode
+from model.native import Bound
 
 if TYPE_CHECKING:
     from model.frozen import FrozenTransformer
@@ -56,6 +57,7 @@ class FusedEncoder:
         self.max_tokens = net.cfg.max_positions if INT8_DOT or not int8 else MAX_TOKENS_INT8
         self.pre, self.act, self.eps = pre, act, eps
         self.args: tuple[Any, ...] | None = None  # `_encode`'s weight arguments, while usable
+        self.bound: tuple[Bound, Bound] | None = None  # `_encode` and `encode_parts` with `args` bound
         self.usable: bool | None = None
 
     @classmethod
@@ -130,13 +132,15 @@ class FusedEncoder:
 
     def changed(self) -> None:
         """Input ranges or calibration state changed: read them again before the next encoding."""
-        self.usable, self.args = None, None
+        self.usable, self.args, self.bound = None, None, None
 
     def ready(self) -> bool:
         if self.usable is None:
             quant = self._quant()
             self.args = self._args(quant) if quant is not None else None
             self.usable = self.args is not None
+            if self.args is not None:  # after the tokens, the sentences' starts and lengths (`native.Bound`)
+                self.bound = (Bound(_encode, 3, self.args), Bound(encode_parts, 3, self.args))
         return self.usable
 
     def __call__(self, x: Tensor, lengths: list[int]) -> Tensor:
@@ -165,11 +169,11 @@ class FusedEncoder:
         ns = np.array(lengths, np.int64)
         starts = np.concatenate([[0], np.cumsum(ns)[:-1]]).astype(np.int64)
         rows = slice(first, first + int(ns.sum()))
+        assert self.bound is not None
         if shared is None:
-            _encode(x[rows], starts, ns, *self.args, out[rows])  # type: ignore[call-arg, misc]
+            self.bound[0](x[rows], starts, ns, out[rows])
         else:
-            encode_parts(x[rows], starts, ns, *self.args, out[rows], part, parts, flags,  # type: ignore[call-arg, misc]
-                         shared)
+            self.bound[1](x[rows], starts, ns, out[rows], part, parts, flags, shared)
 
     def _shared(self, tokens: int) -> np.ndarray:
         cfg = self.net.cfg

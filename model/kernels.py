@@ -1221,7 +1221,7 @@ def step_parts(tokens, r0, pos, src_mask, self_kv, cross_kv, table, table_scale,
 
 # The control block of the threads that take the other parts of steps (`step_worker`, model.fused_step.Helpers):
 # int64 slots, written by the thread that posts a step before it raises GO (release), read after (acquire).
-GO, STOP, PARTS, IDS, LOGITS, POS, MASK, SELF_KV, CROSS_KV, ROWS, MAX_SRC, MAX_TGT, HEADS, SHARED = range(14)
+GO, STOP, PARTS, IDS, LOGITS, POS, MASK, SELF_KV, CROSS_KV, ROWS, MAX_SRC, MAX_TGT, HEADS, SHARED, HOLD = range(15)
 HELPER_SLOTS = 16  # then per helper thread w = 1..: its first row, rows, part, and the last GO done
 R0, N, PART, DONE = range(4)
 PER_HELPER = 4
@@ -1291,7 +1291,7 @@ def step_worker(control, w, rounds, flags, args):  # type: ignore[no-untyped-def
         go = _flag_load(control, GO)  # type: ignore[call-arg, var-annotated]
         if go == seen:
             waited += 1
-            if waited > rounds:
+            if waited > rounds and _flag_load(control, HOLD) == 0:
                 return 0
             for _ in range(32):
                 _pause()
@@ -1319,6 +1319,45 @@ def step_worker(control, w, rounds, flags, args):  # type: ignore[no-untyped-def
             step_parts(ids, r0, pos, mask, self_kv, cross_kv, *args, logits, np.empty((0, 0), np.float32),
                        control[at + PART], parts, flags, shared)
         _flag_store(control, at + DONE, go)
+
+
+@njit(nogil=True, cache=True)
+def greedy_steps(most, ids, pos, mask, self_kv, cross_kv, args, logits, banned, eos, n_gen, min_new,  # type: ignore[no-untyped-def]  # noqa: E501
+                 history, last, max_new, out, control, helpers, runs, flags, shared):  # pragma: no cover - compiled
+    """Up to `most` decoder steps of plain greedy rows 0..B-1, each step as `FusedStep` takes it and its tokens
+    chosen and recorded as `choose_greedy` does, until a row ends its sentence (end of sentence, or its max_new
+    tokens, counted in n_gen) after a step. ids (B,): the rows' next inputs, overwritten by each step's tokens, which
+    also go into out[k] (most, B). Returns the steps taken.
+
+    helpers 0: every step on this thread. Otherwise the steps are posted to the helper threads through control as
+    `Helpers.run` posts them (runs 1: cut in helpers + 1 parts, with `flags` and `shared`; else runs of rows), and
+    the caller keeps them from sleeping between steps (HOLD). A helper that failed raises the stop sign
+    (flags[-1]): the loop ends after that step."""
+    B = ids.shape[0]
+    none = np.empty((0, 0), np.float32)
+    k = 0
+    while k < most:
+        if helpers == 0:
+            step(ids, 0, pos, mask, self_kv, cross_kv, *args, logits, none)  # type: ignore[call-arg]
+        else:
+            flags[:] = 0
+            go = post_step(control, helpers, runs, ids, logits, pos, mask, self_kv, cross_kv, shared)
+            if runs == 1:
+                step_parts(ids, 0, pos, mask, self_kv, cross_kv, *args, logits, none,  # type: ignore[call-arg]
+                           0, helpers + 1, flags, shared)
+            else:
+                hi = B // runs
+                step(ids[:hi], 0, pos, mask, self_kv, cross_kv, *args, logits[:hi], none)  # type: ignore[call-arg]
+            wait_done(control, helpers, go)
+            if flags[flags.shape[0] - 1] != 0:
+                return k + 1
+        choose_greedy(logits, banned, eos, n_gen, min_new, history, last, ids)
+        out[k] = ids
+        k += 1
+        for r in range(B):
+            if ids[r] == eos or n_gen[r] >= max_new[r]:
+                return k
+    return k
 
 
 @njit(nogil=True, cache=True)

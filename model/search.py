@@ -121,6 +121,31 @@ def step(batch: DecodeBatch) -> list[Event]:
     return events
 
 
+@inference
+def steps(batch: DecodeBatch, most: int) -> list[Event]:
+    """Up to `most` steps, until a sequence finishes: the same events as `step` called that many times, with no
+    admission in between. Where every row is plain greedy on the CPU's fused step they run in one compiled call
+    (`DecodeBatch.greedy_steps`), without the Python around each; elsewhere this is one `step`. How many steps
+    ran is left in `batch.stepped`."""
+    taken = batch.greedy_steps(most) if most > 1 and batch.n else None
+    if taken is None:
+        batch.stepped = 1
+        return step(batch)
+    batch.stepped = len(taken)
+    seqs = list(batch.seqs.values())
+    events: list[Event] = []
+    done: list[Sequence] = []
+    nan = [math.nan] * batch.n
+    for tokens in taken.tolist():
+        if done:
+            raise RuntimeError("greedy steps went on after a sequence finished")
+        more, done = _collect(seqs, tokens, nan, batch.cfg.eos_id, None)
+        events += more
+    if done:
+        batch.remove(done)
+    return events
+
+
 def _log_probs(logits: Tensor, seqs: list[Sequence], out: Tensor | None = None) -> Tensor | None:
     """Log-softmax of the rows that need it: beams, samples, and sequences that report scores.
 
@@ -244,9 +269,14 @@ def generate(
     while waiting or len(batch):
         count = admissible(((configs[i].beam_size, len(sources[i])) for i in waiting), batch.free_rows)
         admit = [waiting.popleft() for _ in range(count)]
-        batch.admit([((0, i), list(sources[i]), configs[i]) for i in admit], [terms[i] for i in admit],
-                    [constraint_sources[i] for i in admit] if constraint_sources is not None else None)
-        for event in step(batch):
+        if admit:
+            batch.admit([((0, i), list(sources[i]), configs[i]) for i in admit], [terms[i] for i in admit],
+                        [constraint_sources[i] for i in admit] if constraint_sources is not None else None)
+        # until a sequence finishes no rows free up, so where none of the waiting sources fits now none would fit
+        # at any of the steps before: they may run at once (`steps`)
+        blocked = not waiting or not admissible(((configs[i].beam_size, len(sources[i])) for i in waiting),
+                                                batch.free_rows)
+        for event in steps(batch, batch.cache.max_tgt if blocked else 1):
             if isinstance(event, FinishEvent):
                 results[event.key] = event.hypotheses
     return [results[(0, i)] for i in range(len(sources))]

@@ -2,8 +2,10 @@
 
 Commands (`Submit`, `Cancel`) enter through an inbox. The thread loops: take commands, fail requests past their
 deadline, admit waiting sentences while there are free cache rows and the admission's source tokens fit the budget
-(`model.search.admissible`), then run ONE decoder step for every active row (`model.search.step`). Finished
-sentences leave the batch at once, so their rows go to the next waiting sentence at the next step. What a turn
+(`model.search.admissible`), then run ONE decoder step for every active row (`model.search.steps`). Finished
+sentences leave the batch at once, so their rows go to the next waiting sentence at the next step. While no sentence
+waits to join, plain greedy rows on the CPU take several steps at once in one compiled call, until one of them
+finishes or about `steps_at_once_ms` has passed: the same tokens, without the Python between steps. What a turn
 produced (events, errors, metrics) goes up as one `Output` through `emit`; the thread knows nothing of event loops
 or processes, so the same code runs as a thread of the server or in a child process (server/transport.py).
 
@@ -40,7 +42,7 @@ from model import checkpoint
 from model.decode import DecodeBatch, Encoded
 from model.events import Event, TokenEvent
 from model.frozen import FrozenTransformer
-from model.search import admissible, step
+from model.search import admissible, steps
 from server.errors import EngineFailure, ShuttingDown, TimedOut, TolkError
 from server.messages import Cancel, Command, Exited, Output, Stop, Submit
 from server.settings import Settings
@@ -104,6 +106,7 @@ class Batcher:
         self._row_limit = settings.max_batch_rows  # lowered after an out-of-memory step
         self._admit_cap = 0  # sentences per admission, 0 = no cap; set after an out-of-memory admission
         self._calm_steps = 0
+        self._step_s = 0.0  # the last decoder step's time, a step of a run of steps at once counted as its share
         self._encoder: ThreadPoolExecutor | None = None  # encodes sentences ahead, on the CPU (module docstring)
         self._ahead: _Ahead | None = None
 
@@ -364,20 +367,31 @@ class Batcher:
         self._close(items[0].request, EngineFailure("out of memory translating this sentence"))
         self._admit_cap = 1
 
+    def _most_steps(self) -> int:
+        """How many steps may run at once now (`model.search.steps`): while nothing waits to join, as many as fit
+        in `steps_at_once_ms` at the last step's pace (1 until a step was timed), at most 256."""
+        budget = self.settings.steps_at_once_ms / 1000
+        if not budget or self._waiting or self._ahead is not None or not self._inbox.empty() or not self._step_s:
+            return 1
+        return max(1, min(256, int(budget / self._step_s)))
+
     def _step(self, batch: DecodeBatch) -> None:
-        """One decoder step for all active rows; route its events to their requests."""
+        """One decoder step for all active rows, or several at once (`_most_steps`); route its events to their
+        requests."""
         rows = batch.n
         start = time.perf_counter()
         try:
-            events = step(batch)
+            events = steps(batch, self._most_steps())
         except Exception as exc:
             if not out_of_memory(exc) or len(batch) < 2:
                 raise
             self._halve(batch)
             return
+        taken = batch.stepped
         stats = self._out.stats
-        stats.step.append(time.perf_counter() - start)
-        stats.batch_rows.append(rows)
+        self._step_s = (time.perf_counter() - start) / taken
+        stats.step += [self._step_s] * taken
+        stats.batch_rows += [rows] * taken
         self._calm()
         now = time.monotonic()
         for event in events:

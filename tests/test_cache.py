@@ -35,7 +35,7 @@ def uncached(tiny_model_dir: Path) -> Iterator[TestClient]:
 
 
 def decode_steps(client: TestClient) -> int:
-    """Decode steps the batcher has run so far (each one calls the batch's forward)."""
+    """Decode steps the batcher has run so far (`count_steps`)."""
     batch = batch_of(scheduler_of(client))
     assert batch is not None
     return int(getattr(batch, "steps", 0))
@@ -45,15 +45,22 @@ def decode_steps(client: TestClient) -> int:
 def count_steps(cached: TestClient) -> Iterator[None]:
     batch = batch_of(scheduler_of(cached))
     assert batch is not None
-    forward = batch.forward
+    forward, greedy_steps = batch.forward, batch.greedy_steps
 
     def counted(choose: bool = False) -> Any:
         batch.steps = getattr(batch, "steps", 0) + 1  # type: ignore[attr-defined]
         return forward(choose)
 
+    def counted_at_once(most: int) -> Any:  # steps run at once (`model.search.steps`) call no forward
+        out = greedy_steps(most)
+        if out is not None:
+            batch.steps = getattr(batch, "steps", 0) + len(out)  # type: ignore[attr-defined]
+        return out
+
     batch.forward = counted  # type: ignore[method-assign]
+    batch.greedy_steps = counted_at_once  # type: ignore[method-assign]
     yield
-    batch.forward = forward  # type: ignore[method-assign]
+    batch.forward, batch.greedy_steps = forward, greedy_steps  # type: ignore[method-assign]
 
 
 def post(client: TestClient, q: str | list[str], **options: Any) -> dict[str, Any]:

@@ -14,7 +14,12 @@ from torch import nn
 
 pytest.importorskip("numba", reason="the fused step needs numba (the GPU script's bare machine lacks it)")
 
-from model import calibrate, checkpoint, fused_step  # noqa: E402
+from model import (  # noqa: E402
+    calibrate,
+    checkpoint,
+    fused_step,
+    search,  # noqa: E402
+)
 from model import fused_encoder as fused_encoder_module  # noqa: E402
 from model.checkpoint import LoadedModel, quantize_int8, release_linear_weights  # noqa: E402
 from model.decode import DecodeBatch  # noqa: E402
@@ -24,6 +29,7 @@ from model.generation import GenerationConfig  # noqa: E402
 from model.kernels import (  # noqa: E402
     GO,
     HELPER_SLOTS,
+    HOLD,
     INT8_DOT,
     _product,
     _product_cols,
@@ -305,6 +311,68 @@ def released_decodes_as_kept(net: FrozenTransformer, plain: FrozenTransformer,
     net.products_changed()
     with pytest.raises(RuntimeError, match="released"), torch.inference_mode():
         generate(net, SOURCES[:1], configs[0])
+
+
+@pytest.mark.parametrize("dtype", ["float32", "int8"])
+@pytest.mark.parametrize(("threads", "parts"), [(1, 7), (2, 7), (2, 0)])
+def test_greedy_steps_at_once_give_the_events_of_steps_one_by_one(tiny_model_dir: Path, dtype: str, threads: int,
+                                                                   parts: int, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Plain greedy steps run at once in one compiled call (`search.steps`, `kernels.greedy_steps`) against the same
+    steps one by one: the same events in the same order (every token, every ending, end of sentence and length),
+    with more sources than rows (admission between runs), minimum and maximum lengths that differ by row, and the
+    step on one thread, cut in parts on two, or in runs of rows on two. The runs did happen, several steps each,
+    and afterwards the helpers are no longer held awake."""
+    loaded = checkpoint.load(tiny_model_dir, device="cpu", dtype=dtype)
+    net, fused = loaded.net, loaded.net.fused
+    assert fused is not None and fused.ready()
+    monkeypatch.setattr(fused, "parts_max_rows", parts)
+    monkeypatch.setattr(fused, "split_min_rows", 2)
+    texts = ["Open the file.", "Save changes before closing.", "Disk full.", "Select all copy paste undo.",
+             "The file could not be opened.", "Click here to continue.", "Print.", "Close all windows now."]
+    sources = [loaded.tokenizer.encode(t) for t in texts]
+    configs = [GenerationConfig(max_new_tokens=(5, 40, 9, 40)[i % 4], min_new_tokens=(0, 0, 0, 12)[i % 4],
+                                scores=False) for i in range(len(texts))]
+    taken: list[int] = []
+    greedy_steps = DecodeBatch.greedy_steps
+
+    def counted(batch: DecodeBatch, most: int) -> np.ndarray | None:
+        out = greedy_steps(batch, most)
+        if out is not None:
+            taken.append(out.shape[0])
+        return out
+
+    steps = search.steps
+
+    def run(at_once: bool) -> list[Any]:
+        events: list[Any] = []
+
+        def recorded(batch: DecodeBatch, most: int) -> list[Any]:
+            out = steps(batch, most) if at_once else search.step(batch)
+            events.extend(out)
+            return out
+
+        monkeypatch.setattr(search, "steps", recorded)
+        with torch.inference_mode():
+            hyps = search.generate(net, sources, configs, max_rows=4)
+        return [events, [(h[0].tokens, h[0].finish_reason) for h in hyps]]
+
+    monkeypatch.setattr(DecodeBatch, "greedy_steps", counted)
+    before = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        one_by_one = run(False)
+        assert not taken
+        posted = fused.hot.control[GO] if fused.hot is not None else 0
+        at_once = run(True)
+    finally:
+        torch.set_num_threads(before)
+    assert at_once[1] == one_by_one[1]
+    assert [repr(e) for e in at_once[0]] == [repr(e) for e in one_by_one[0]]  # (repr: NaN log-probs compare unequal)
+    assert {reason for _, reason in at_once[1]} == {"eos", "length"}
+    assert len(taken) >= 3 and max(taken) > 4
+    if threads > 1:  # the helper took its share of steps run at once, and is held no longer
+        assert fused.hot is not None and fused.hot.control[GO] - posted > len(taken)
+        assert fused.hot.control[HOLD] == 0
 
 
 @pytest.mark.parametrize("fused", [True, False])

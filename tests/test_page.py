@@ -24,7 +24,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from model.decode import DecodeBatch
 from model.events import Event
-from model.search import step
+from model.search import steps
 from server import batcher
 from server.app import create_app
 from server.settings import Settings
@@ -186,12 +186,12 @@ def test_stop_closes_the_stream_and_frees_the_rows(page: Any, base_url: str, mon
     # (the compiled CPU step ran this tiny model's 24,000 steps in seconds, and the stop came too late)
     slowed = []
 
-    def slow_step(batch: DecodeBatch) -> list[Event]:
+    def slow_step(batch: DecodeBatch, most: int) -> list[Event]:  # (one step at a time, each slowed)
         slowed.append(batch.n)
         time.sleep(STEP_DELAY)
-        return step(batch)
+        return steps(batch, 1)
 
-    monkeypatch.setattr(batcher, "step", slow_step)
+    monkeypatch.setattr(batcher, "steps", slow_step)
     sentences = 190  # ROWS at a time, each forced to its full length: minutes of decoding, stopped long before
     # distinct sentences: a sentence repeated within a request is decoded once (the translation cache's dedup)
     page.fill("#text", " ".join(f"Open file {i}." for i in range(sentences)))

@@ -293,6 +293,46 @@ def test_unbatched_server_decodes_one_sentence_at_a_time(tiny_model_dir: Path, t
         assert steps > 0 and metric(client, 'tolk_batch_rows_bucket{le="1.0",model="tiny-en-pt"}') == steps
 
 
+def test_steps_run_at_once_translate_and_count_as_steps_one_by_one(tiny_model_dir: Path,
+                                                                   tiny_loaded: LoadedModel) -> None:
+    """A server that runs plain greedy steps at once while nothing waits (`steps_at_once_ms`) against one that never
+    does: the same translations, alone, streamed and concurrent, and the same decode steps in its metrics (one
+    observation a step, however many ran in one call). The runs did happen, several steps each."""
+    texts = ["Open the file.", "Save changes before closing.", "Disk full.", "Select all copy paste undo.",
+             "The file could not be opened.", "Click here to continue."]
+    options = [{}, {"max_new_tokens": 7}, {"min_new_tokens": 10}, {}, {"max_new_tokens": 30}, {}]
+    results, runs = [], []
+    for budget in (0.0, 50.0):
+        with app_client(tiny_model_dir, steps_at_once_ms=budget, max_batch_rows=4) as client:
+            batch = batch_of(scheduler_of(client))
+            assert batch is not None
+            greedy_steps = batch.greedy_steps
+
+            def counted(most: int, greedy_steps: Any = greedy_steps, budget: float = budget) -> Any:
+                out = greedy_steps(most)
+                if out is not None:
+                    runs.append((budget, len(out)))
+                return out
+
+            batch.greedy_steps = counted  # type: ignore[method-assign]
+
+            def post(i: int, client: TestClient = client) -> str:
+                r = client.post("/translate", json={"q": texts[i], "target": "pt", "options": options[i]})
+                assert r.status_code == 200, r.text
+                return str(r.json()["translatedText"])
+
+            alone = [post(i) for i in range(len(texts))]
+            counted_steps = metric(client, "tolk_decode_step_seconds_count")
+            streamed = parse_sse(client.post("/translate/stream", json={"q": texts[3], "target": "pt"}).text)
+            with ThreadPoolExecutor(len(texts)) as pool:
+                together = list(pool.map(post, range(len(texts))))
+            results.append((alone, together, streamed, counted_steps))
+    assert results[0] == results[1]
+    assert results[0][0] == [offline(tiny_loaded, t, **o) for t, o in zip(texts, options, strict=True)]
+    assert results[0][1] == results[0][0] and streamed[-1][1]["translatedText"] == results[0][0][3]
+    assert all(budget for budget, _ in runs) and max(n for _, n in runs) > 4
+
+
 def test_engine_failure_is_a_500_and_the_server_recovers(client: TestClient) -> None:
     scheduler = scheduler_of(client)
     batch = batch_of(scheduler)
