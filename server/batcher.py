@@ -163,8 +163,12 @@ class Batcher:
                 self.net.warm_parts()  # steps cut over the threads: compiled before the scheduler says it runs
             self.batch = batch = self._new_batch()
             if self.settings.encode_ahead and self.settings.batching and self.net.device.type == "cpu":
-                self._encoder = ThreadPoolExecutor(1, f"tolk-encoder-{self.name}", torch.set_num_threads,
-                                                   (threads or torch.get_num_threads(),))
+                if (threads or torch.get_num_threads()) >= cpu_cores():  # no core left for it (`encode_ahead`)
+                    log.info("sentences are encoded in the decode thread: its %d torch threads take every core",
+                             threads or torch.get_num_threads())
+                else:
+                    self._encoder = ThreadPoolExecutor(1, f"tolk-encoder-{self.name}", torch.set_num_threads,
+                                                       (threads or torch.get_num_threads(),))
         except Exception as exc:  # reported to start()
             self.failure = exc
             self._started.set()
@@ -465,11 +469,15 @@ class Batcher:
             self._out.stats.row_limit = self._row_limit
 
 
+def cpu_cores() -> int:
+    """The cores this process may use."""
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+
+
 def cpu_threads() -> int:
     """Every core this process may use but one: the event loop (HTTP, JSON, tokenizing, streaming) needs one, and a
     decode thread that shares it stalls (measured on 2 cores: 138 sentences/s with 1 torch thread, 83 with 2)."""
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
-    return max(1, cores - 1)
+    return max(1, cpu_cores() - 1)
 
 
 def out_of_memory(exc: BaseException) -> bool:

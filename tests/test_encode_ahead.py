@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import threading
 import time
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -14,11 +15,12 @@ import torch
 from model.checkpoint import LoadedModel
 from model.decode import DecodeBatch, Encoded
 from model.events import FinishEvent
+from server.batcher import cpu_cores
 from server.jobs import Job
 from server.scheduler import Scheduler
 from tests.test_faults import OPTIONS, TEXTS, expected
 from tests.test_faults import scheduler as scheduler  # noqa: F401  (the fixture: 8 rows, batcher a thread)
-from tests.test_server_batching import batch_of, slow_steps, wait_for
+from tests.test_server_batching import app_client, batch_of, batcher_of, scheduler_of, slow_steps, wait_for
 
 LONG = "Save changes before closing the file, then click here to continue."
 
@@ -128,3 +130,15 @@ def test_out_of_memory_while_encoding_ahead_is_retried_with_half(
     assert [finished[i].hypotheses[0].tokens for i in range(len(TEXTS))] == [
         expected(tiny_loaded, config, t) for t in TEXTS]
     assert scheduler.queued == 0
+
+
+def test_no_encoder_thread_where_the_decoder_takes_every_core(tiny_model_dir: Path) -> None:
+    """Encoding ahead needs a core the decoder leaves free: with as many torch threads as cores, the second of which
+    waits for steps spinning, an encoder thread beside them made float32 at 8 clients 3.2 times slower on 2 cores
+    (`bench/ab_serve.py`, docs/benchmarks.md). Fewer threads than cores keep it."""
+    cores = cpu_cores()
+    for threads, ahead in ((cores, False), (cores - 1, True)):
+        if threads < 1:
+            continue
+        with app_client(tiny_model_dir, threads=threads) as client:
+            assert (batcher_of(scheduler_of(client))._encoder is not None) is ahead  # noqa: SLF001
