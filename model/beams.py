@@ -7,6 +7,8 @@ sentence's finished hypotheses; `force_constraints` lets greedy rows with unmet 
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import numpy as np
 import torch
 from torch import Tensor
@@ -14,13 +16,15 @@ from torch import Tensor
 from model import logits as lp
 from model.constraints import select_beams
 from model.decode import DecodeBatch, Sequence
-from model.events import Hypothesis
+from model.events import Event, Hypothesis
 
 try:  # numba; without it (the GPU script's bare machine) the CPU takes torch's top-ks as the GPU does
     from model.beam_host import advance_beams, best_continuations, choose_beams, move_beams
     from model.kernels import ban_tokens
 except (ImportError, RuntimeError):  # pragma: no cover - RuntimeError: numba finds no writable cache
     advance_beams = ban_tokens = best_continuations = choose_beams = move_beams = None  # type: ignore[assignment]
+
+Collected = tuple[list[Event], list[Sequence]]  # a step's events and the sequences that finished
 
 # From this many logits on, `top_k` goes through chunk maxima; below, torch's topk is as fast or faster
 # (bench/levers.py, 1 and 2 threads, k = 8: 4 x 8,000 logits 53 against 145-224 us; 32 x 8,000 even, 0.85-1.23x;
@@ -99,6 +103,66 @@ def short_beam_step(batch: DecodeBatch, seqs: list[Sequence]) -> bool:
     for seq, chosen_j, ended_j in zip(seqs, chosen_h.tolist(), ended_h.tolist(), strict=True):
         _take(seq, chosen_j, ended_j, None)
     return True
+
+
+def beam_steps(batch: DecodeBatch, seqs: list[Sequence], most: int,
+               collect: Callable[[list[Sequence]], Collected]) -> tuple[list[Event], int] | None:
+    """Up to `most` steps of a batch of plain beam searches of one width on the CPU, until a sentence finishes: each
+    step `short_beam_step`'s, then `collect` (the search's end of a step: each sentence's step counted, its
+    hypotheses if it finished). The decoder steps after the first are posted from compiled code with the banned
+    tokens set in the same call (`FusedStep.banned_step`), the helper threads held awake between them; the Python
+    around a step is then the log-softmax, the choice's call and each sentence's bookkeeping. Returns the events and
+    the steps taken, the finished sentences removed; None, with nothing done, where `short_beam_step` would not
+    take the step."""
+    k, fused = seqs[0].beam, batch.net.fused
+    if (not all(s.plain_beams and s.beam == k for s in seqs) or batch.net.device.type != "cpu" or DEVICE_WAY_ON_CPU
+            or advance_beams is None or batch.cache.self_kv.dtype != torch.float32 or fused is None):
+        return None
+    n, V = batch.n, batch.cfg.tgt_vocab_size
+    # Only steps cut in parts (or on one thread) with the log-softmax on this thread: with a batch's tail in runs of
+    # rows, or the log-softmax's second OpenMP thread meeting the helper held awake, beam 4 at batch 32 read
+    # 0.95-0.96x the step-by-step way (bench/ab_engine.py, ad hoc; with this bound 0.99-1.01x)
+    if n * V > min(COMPILED_MAX, lp.ONE_THREAD_MAX) or n > fused.parts_max_rows or torch.get_num_threads() == 1:
+        return None  # (on one thread, steps one by one: `kernels.banned_step` posts its steps to helper threads)
+    logits = batch.fused_logits()  # the first step as the fused step takes any (it wakes sleeping helpers)
+    if logits is None:
+        return None
+    st, eos = batch.state, batch.cfg.eos_id
+    history, n_gen, last, min_new = st.host_views()
+    host, banned = logits.numpy(), batch.banned_host
+    ban_tokens(host, banned, eos, n_gen[:n], min_new[:n])
+    logprobs = batch.cache.scratch("logprobs", n, V)  # (`DecodeBatch.buffer` on the CPU)
+    m, c = len(seqs), min(2 * k, k * V)
+    rows_h = np.array([s.rows for s in seqs], np.int64)  # (m, k)
+    top, beam_h, token_h = np.empty((m, c), np.float32), np.empty((m, c), np.int64), np.empty((m, c), np.int64)
+    chosen_h, ended_h = np.empty((m, k, 3)), np.empty((m, k + 1, 2))
+    pos, _, self_kv, _ = batch.cache.host_views()
+    score, ids = st.score.numpy(), np.empty(n, np.int64)
+    events: list[Event] = []
+    taken = 0
+    with fused.posting(n) as (_, posted):
+        while True:
+            lp.log_softmax(logits, out=logprobs)
+            T, transit = batch.cache.beam_moves(k)
+            taken += 1
+            if not advance_beams(logprobs.numpy(), rows_h, score, eos, top, beam_h, token_h, chosen_h, ended_h,
+                                 self_kv, T, history, pos, n_gen, last, transit):
+                tokens = logprobs.new_empty(n, dtype=torch.long)  # a vocabulary too small for k continuations
+                beam_step(batch, seqs, logprobs, tokens, None)
+                batch.record(tokens)
+                more, done = collect(seqs)
+                events += more
+                break
+            for seq, chosen_j, ended_j in zip(seqs, chosen_h.tolist(), ended_h.tolist(), strict=True):
+                _take(seq, chosen_j, ended_j, None)
+            more, done = collect(seqs)
+            events += more
+            if done or taken == most:
+                break
+            fused.banned_step(ids, batch.cache, host, banned, eos, *st.host_longs(), posted)
+    if done:
+        batch.remove(done)
+    return events, taken
 
 
 def device_beam_step(batch: DecodeBatch, seqs: list[Sequence]) -> bool:

@@ -102,6 +102,13 @@ class RowState:
             self._host = (self.history.numpy(), self.n_gen.numpy(), self.last.numpy(), self.min_new.numpy())
         return self._host
 
+    def host_longs(self) -> tuple[np.ndarray, np.ndarray]:
+        """The integer columns as one numpy array over the same memory (CPU only), and the columns of last, n_gen and
+        min_new in it: what compiled code that records tokens reads (`model.kernels.greedy_steps`)."""
+        return self.longs.numpy(), self._cols
+
+    _cols = np.array([LONGS.index("last"), LONGS.index("n_gen"), LONGS.index("min_new")], np.int64)
+
     def copy_rows(self, src: Tensor, dst: Tensor) -> None:
         for t in self.tensors():
             t[dst] = t[src]
@@ -349,13 +356,12 @@ class DecodeBatch:
         if (self.graphed is not None or fused is None or self.net.device.type != "cpu"
                 or not all(s.plain and not s.config.scores for s in seqs) or not fused.takes(n)):
             return None
-        history, n_gen, last, min_new = self.state.host_views()
         max_new = np.empty(n, np.int64)
         for seq in seqs:
             max_new[seq.rows[0]] = seq.max_new
         logits = self.cache.scratch("logits", n, self.cfg.tgt_vocab_size)  # (`buffer`, on the CPU)
         return fused.greedy(self.state.last[:n], self.cache, logits, self.banned_host, self.cfg.eos_id,
-                            n_gen[:n], min_new[:n], history, last[:n], max_new, most)
+                            *self.state.host_longs(), self.state.host_views()[0], max_new, most)
 
     def fused_logits(self) -> Tensor | None:
         """Rows 0..n-1's next-token logits (n, V) from the fused CPU step as it gives them, no setting applied, for

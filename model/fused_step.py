@@ -18,11 +18,12 @@ parallel operator for as long as libgomp's GOMP_SPINCOUNT says (model/__init__.p
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import os
 import threading
 import weakref
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING, Any, cast
 
@@ -41,8 +42,10 @@ from model.kernels import (
     INT8_DOT,
     PER_HELPER,
     STOP,
+    banned_step,
     choose_greedy,
     greedy_steps,
+    greedy_steps_posted,
     pack_weights,
     packed_layout,
     post,
@@ -282,6 +285,8 @@ class FusedStep:
         self.args: tuple[Any, ...] | None = None  # `_step`'s arguments after the cache's, while usable
         self.bound: tuple[Bound, Bound] | None = None  # `_step` and `step_parts` with `args` bound (`native.Bound`)
         self.bound_greedy = Bound(greedy_steps, 6, (None,))  # `greedy_steps` with `args` (set with them)
+        self.bound_posted = Bound(greedy_steps_posted, 6, (None,))  # `greedy_steps_posted` likewise
+        self.bound_banned = Bound(banned_step, 5, (None,))  # `banned_step` with `args` (set with them)
         self.hot: Helpers | None = None  # the threads that take the other parts of a step, made when first needed
         self.large = False  # weights above MAX_WEIGHT_BYTES (`max_rows_large`)
         self.every_step = False  # takes steps of any size: the operator step's weights are gone
@@ -375,6 +380,23 @@ class FusedStep:
               np.zeros((L, 2, 1, H, 2, Dh), np.float32), np.zeros((L, 2, 1, H, 1, Dh), np.float32),
               *self._args(off, np.float32(1.0)), np.empty((1, a["w_out"].shape[0]), np.float32),
               np.zeros((1, 1), np.float32))
+        # greedy steps at once (`greedy`) too: with an empty cache about as long again, at load rather than at the
+        # first request (no step is taken: at most 0 steps)
+        greedy_steps(*self._dummy_steps(off, 0), *self._dummy_longs(), np.zeros((1, 2), np.int64),  # type: ignore[call-arg]
+                     np.zeros(1, np.int64), np.empty((0, 1), np.int64))
+
+    def _dummy_steps(self, off: dict[str, np.ndarray], most: int) -> tuple[Any, ...]:
+        """`greedy_steps`'s first arguments (up to eos) on a one-row dummy cache, for the warm-ups."""
+        L, H, Dh = self.net.cfg.decoder_layers, self.net.cfg.n_heads, self.net.cfg.head_dim
+        return (most, np.zeros(1, np.int64), np.zeros(1, np.int64), np.ones((1, 1), np.bool_),
+                np.zeros((L, 2, 1, H, 2, Dh), np.float32), np.zeros((L, 2, 1, H, 1, Dh), np.float32),
+                self._args(off, np.float32(1.0)), np.empty((1, self.arrays["w_out"].shape[0]), np.float32),
+                np.zeros(1, np.int64), 0)
+
+    @staticmethod
+    def _dummy_longs() -> tuple[np.ndarray, np.ndarray]:
+        """A one-row row state and its columns (`RowState.host_longs`), for the warm-ups."""
+        return np.zeros((1, 5), np.int64), np.array([0, 1, 3], np.int64)
 
     def warm_parts(self) -> None:
         """Compile (or load) what a step cut over threads runs, `step_parts` and the helpers' loop, now: about as long
@@ -391,6 +413,11 @@ class FusedStep:
         control = np.zeros(HELPER_SLOTS + PER_HELPER, np.int64)
         control[GO], control[STOP] = 1, 1  # a helper told to stop at once: it returns before any step
         step_worker(control, 1, 0, np.zeros(3, np.int64), args)
+        # steps posted from compiled code (`greedy`, `banned_step`): no step posted (at most 0 steps; no helpers)
+        posted = (np.zeros(HELPER_SLOTS + PER_HELPER, np.int64), 0, 1, np.zeros(2, np.int64), self._shared(1))
+        greedy_steps_posted(*self._dummy_steps(off, 0), *self._dummy_longs(),  # type: ignore[call-arg]
+                            np.zeros((1, 2), np.int64), np.zeros(1, np.int64), np.empty((0, 1), np.int64), *posted)
+        banned_step(*self._dummy_steps(off, 0)[1:], *self._dummy_longs(), *posted)  # type: ignore[call-arg]
 
     def share_table(self) -> PackedTable | None:
         """Where the output projection is the target embedding table (`tied`), the table as the step reads it, in
@@ -420,6 +447,8 @@ class FusedStep:
             if self.args is not None:  # after the step's ids, first row and the cache's four views (`host_views`)
                 self.bound = (Bound(_step, 6, self.args), Bound(step_parts, 6, self.args))
                 self.bound_greedy = Bound(greedy_steps, 6, (self.args,))
+                self.bound_posted = Bound(greedy_steps_posted, 6, (self.args,))
+                self.bound_banned = Bound(banned_step, 5, (self.args,))
         return self.usable
 
     def _args(self, quant: dict[str, np.ndarray], emb_scale: np.float32) -> tuple[Any, ...]:
@@ -469,43 +498,65 @@ class FusedStep:
         runs = max(1, min(threads, B // self.split_min_rows))
         return threads > 1 and self.parts_max_rows >= B, runs
 
-    def greedy(self, tokens: Tensor, cache: KVCache, logits: Tensor, banned: np.ndarray, eos: int,
-               n_gen: np.ndarray, min_new: np.ndarray, history: np.ndarray, last: np.ndarray, max_new: np.ndarray,
-               most: int) -> np.ndarray:
+    def greedy(self, tokens: Tensor, cache: KVCache, logits: Tensor, banned: np.ndarray, eos: int, longs: np.ndarray,
+               cols: np.ndarray, history: np.ndarray, max_new: np.ndarray, most: int) -> np.ndarray:
         """Up to `most` steps of rows 0..B-1, every one plain greedy, in one compiled call
-        (`model.kernels.greedy_steps`), until a row ends its sentence: each step as `__call__` takes it, its tokens
-        chosen and recorded as `choose` does. Returns the tokens (steps, B); the cache's positions move on.
+        (`model.kernels.greedy_steps`, or `greedy_steps_posted` with helper threads), until a row ends its sentence:
+        each step as `__call__` takes it, its tokens chosen and recorded as `choose` does (`longs`, `cols`: the row
+        state and its columns of last tokens, tokens generated and least new tokens). Returns the tokens (steps, B);
+        the cache's positions move on.
 
         A step of one row on the shipped model is about 0.12 ms; the Python around each (the search's loop, the
         step's and the choice's calls) cost 0.07 ms more (ad hoc, 2 threads, Zen 5)."""
-        if self.args is None:
-            raise RuntimeError("the fused step runs only once ready() says so")
         B = tokens.shape[0]
         ids = np.array(tokens.numpy(), np.int64)  # a copy: the steps overwrite it with their tokens
         out = np.empty((most, B), np.int64)
         pos, mask, self_kv, cross_kv = cache.host_views()
-        threads = torch.get_num_threads()
-        parts, runs = self._plan(B, threads)
-        host = logits.numpy()
-        if not parts and runs == 1:  # (one thread, or rows too few to cut into runs: the step on this thread)
-            k = self.bound_greedy(most, ids, pos, mask, self_kv, cross_kv, host, banned, eos, n_gen, min_new,
-                                  history, last, max_new, out, self._one, 0, 1, self._one, self._none)
-        else:
-            hot = self._helpers(threads)
-            if hot.failed is not None:
-                raise RuntimeError("a fused step's helper thread failed") from hot.failed
-            shared = self._shared(B) if parts else self._none
-            hot.hold(True)
-            try:
-                k = self.bound_greedy(most, ids, pos, mask, self_kv, cross_kv, host, banned, eos, n_gen, min_new,
-                                      history, last, max_new, out, hot.control, threads - 1, 1 if parts else runs,
-                                      hot.flags, shared)
-            finally:
-                hot.hold(False)
-            if hot.failed is not None:
-                raise RuntimeError("a fused step's helper thread failed") from hot.failed
+        with self.posting(B) as (hot, posted):
+            if hot is None:
+                k = self.bound_greedy(most, ids, pos, mask, self_kv, cross_kv, logits.numpy(), banned, eos, longs,
+                                      cols, history, max_new, out)
+            else:
+                k = self.bound_posted(most, ids, pos, mask, self_kv, cross_kv, logits.numpy(), banned, eos, longs,
+                                      cols, history, max_new, out, *posted)
         cache.advance(B, on_device=False, steps=k)
         return out[:k]
+
+    @contextlib.contextmanager
+    def posting(self, B: int) -> Iterator[tuple[Helpers | None, tuple[Any, ...]]]:
+        """For steps of B rows posted from compiled code (`kernels.posted_step`) while this lasts: the helper threads
+        (None: the steps run on this thread) and the step's arguments after the logits (control, helpers, runs,
+        flags, shared), cut as `__call__` cuts a step. The helpers are held awake throughout (`Helpers.hold`);
+        raises if one of them failed."""
+        if self.args is None:
+            raise RuntimeError("the fused step runs only once ready() says so")
+        threads = torch.get_num_threads()
+        parts, runs = self._plan(B, threads)
+        if not parts and runs == 1:  # (one thread, or rows too few to cut into runs: the step on this thread)
+            yield None, (self._one, 0, 1, self._one, self._none)
+            return
+        hot = self._helpers(threads)
+        if hot.failed is not None:
+            raise RuntimeError("a fused step's helper thread failed") from hot.failed
+        hot.hold(True)
+        try:
+            yield hot, (hot.control, threads - 1, 1 if parts else runs, hot.flags,
+                        self._shared(B) if parts else self._none)
+        finally:
+            hot.hold(False)
+        if hot.failed is not None:
+            raise RuntimeError("a fused step's helper thread failed") from hot.failed
+
+    def banned_step(self, ids: np.ndarray, cache: KVCache, logits: np.ndarray, banned: np.ndarray, eos: int,
+                    longs: np.ndarray, cols: np.ndarray, posted: tuple[Any, ...]) -> None:
+        """Within `posting`, with helper threads: one step of rows 0..B-1 from their recorded tokens (ids (B,) is
+        scratch; `longs`, `cols` as in `greedy`), its logits (B, V) written and banned tokens set to -inf as
+        `kernels.ban_tokens` does (`kernels.banned_step`); the cache's positions move on."""
+        pos, mask, self_kv, cross_kv = cache.host_views()
+        if not self.bound_banned(ids, pos, mask, self_kv, cross_kv, logits, banned, eos, longs, cols, *posted):
+            failed = self.hot.failed if self.hot is not None else None
+            raise RuntimeError("a fused step's helper thread failed") from failed
+        cache.advance(ids.shape[0], on_device=False)
 
     def _run(self, ids: np.ndarray, views: tuple[np.ndarray, ...], logits: np.ndarray, align: np.ndarray, lo: int,
              hi: int, parts: int, flags: np.ndarray, shared: np.ndarray, part: int = 0) -> None:

@@ -1322,35 +1322,44 @@ def step_worker(control, w, rounds, flags, args):  # type: ignore[no-untyped-def
 
 
 @njit(nogil=True, cache=True)
-def greedy_steps(most, ids, pos, mask, self_kv, cross_kv, args, logits, banned, eos, n_gen, min_new,  # type: ignore[no-untyped-def]  # noqa: E501
-                 history, last, max_new, out, control, helpers, runs, flags, shared):  # pragma: no cover - compiled
-    """Up to `most` decoder steps of plain greedy rows 0..B-1, each step as `FusedStep` takes it and its tokens
-    chosen and recorded as `choose_greedy` does, until a row ends its sentence (end of sentence, or its max_new
-    tokens, counted in n_gen) after a step. ids (B,): the rows' next inputs, overwritten by each step's tokens, which
-    also go into out[k] (most, B). Returns the steps taken.
+def posted_step(ids, pos, mask, self_kv, cross_kv, args, logits, control, helpers, runs, flags,  # type: ignore[no-untyped-def]  # noqa: E501
+                shared):  # pragma: no cover - compiled
+    """One decoder step of rows 0..B-1 (ids (B,)) as `FusedStep` takes it, from compiled code. helpers 0: on this
+    thread. Otherwise posted to the helper threads through control as `Helpers.run` posts it (runs 1: cut in
+    helpers + 1 parts, with `flags` and `shared`; else runs of rows), whom the caller keeps from sleeping between
+    steps (HOLD). False where a helper failed (the stop sign flags[-1])."""
+    none = np.empty((0, 0), np.float32)
+    if helpers == 0:
+        step(ids, 0, pos, mask, self_kv, cross_kv, *args, logits, none)  # type: ignore[call-arg]
+        return True
+    flags[:] = 0
+    go = post_step(control, helpers, runs, ids, logits, pos, mask, self_kv, cross_kv, shared)
+    if runs == 1:
+        step_parts(ids, 0, pos, mask, self_kv, cross_kv, *args, logits, none,  # type: ignore[call-arg]
+                   0, helpers + 1, flags, shared)
+    else:
+        hi = ids.shape[0] // runs
+        step(ids[:hi], 0, pos, mask, self_kv, cross_kv, *args, logits[:hi], none)  # type: ignore[call-arg]
+    wait_done(control, helpers, go)
+    return flags[flags.shape[0] - 1] == 0
 
-    helpers 0: every step on this thread. Otherwise the steps are posted to the helper threads through control as
-    `Helpers.run` posts them (runs 1: cut in helpers + 1 parts, with `flags` and `shared`; else runs of rows), and
-    the caller keeps them from sleeping between steps (HOLD). A helper that failed raises the stop sign
-    (flags[-1]): the loop ends after that step."""
+
+@njit(nogil=True, cache=True)
+def greedy_steps(most, ids, pos, mask, self_kv, cross_kv, args, logits, banned, eos, longs, cols,  # type: ignore[no-untyped-def]  # noqa: E501
+                 history, max_new, out):  # pragma: no cover - compiled
+    """Up to `most` decoder steps of plain greedy rows 0..B-1 on this thread, each a `step` and its tokens chosen and
+    recorded as `choose_greedy` does, until a row ends its sentence (end of sentence, or its max_new tokens, counted
+    in n_gen) after a step. ids (B,): the rows' next inputs, overwritten by each step's tokens, which also go into
+    out[k] (most, B). The rows' last token, tokens generated and least new tokens are columns cols[0], cols[1] and
+    cols[2] of `longs` (`DecodeBatch`'s row state, passed whole so that its columns' layout never makes another
+    compiled variant). Returns the steps taken. (`greedy_steps_posted` posts the steps to helper threads; this one
+    stays apart so that a process on one thread never compiles `step_parts`, whose compilation is long.)"""
     B = ids.shape[0]
+    last, n_gen, min_new = longs[:B, cols[0]], longs[:B, cols[1]], longs[:B, cols[2]]
     none = np.empty((0, 0), np.float32)
     k = 0
     while k < most:
-        if helpers == 0:
-            step(ids, 0, pos, mask, self_kv, cross_kv, *args, logits, none)  # type: ignore[call-arg]
-        else:
-            flags[:] = 0
-            go = post_step(control, helpers, runs, ids, logits, pos, mask, self_kv, cross_kv, shared)
-            if runs == 1:
-                step_parts(ids, 0, pos, mask, self_kv, cross_kv, *args, logits, none,  # type: ignore[call-arg]
-                           0, helpers + 1, flags, shared)
-            else:
-                hi = B // runs
-                step(ids[:hi], 0, pos, mask, self_kv, cross_kv, *args, logits[:hi], none)  # type: ignore[call-arg]
-            wait_done(control, helpers, go)
-            if flags[flags.shape[0] - 1] != 0:
-                return k + 1
+        step(ids, 0, pos, mask, self_kv, cross_kv, *args, logits, none)  # type: ignore[call-arg]
         choose_greedy(logits, banned, eos, n_gen, min_new, history, last, ids)
         out[k] = ids
         k += 1
@@ -1358,6 +1367,43 @@ def greedy_steps(most, ids, pos, mask, self_kv, cross_kv, args, logits, banned, 
             if ids[r] == eos or n_gen[r] >= max_new[r]:
                 return k
     return k
+
+
+@njit(nogil=True, cache=True)
+def greedy_steps_posted(most, ids, pos, mask, self_kv, cross_kv, args, logits, banned, eos, longs,  # type: ignore[no-untyped-def]  # noqa: E501
+                        cols, history, max_new, out, control, helpers, runs, flags,
+                        shared):  # pragma: no cover - compiled
+    """`greedy_steps` with each step a `posted_step` (helpers > 0); a helper that failed ends the loop after that
+    step."""
+    B = ids.shape[0]
+    last, n_gen, min_new = longs[:B, cols[0]], longs[:B, cols[1]], longs[:B, cols[2]]
+    k = 0
+    while k < most:
+        if not posted_step(ids, pos, mask, self_kv, cross_kv, args, logits, control, helpers, runs, flags, shared):
+            return k + 1
+        choose_greedy(logits, banned, eos, n_gen, min_new, history, last, ids)
+        out[k] = ids
+        k += 1
+        for r in range(B):
+            if ids[r] == eos or n_gen[r] >= max_new[r]:
+                return k
+    return k
+
+
+@njit(nogil=True, cache=True)
+def banned_step(ids, pos, mask, self_kv, cross_kv, args, logits, banned, eos, longs, cols,  # type: ignore[no-untyped-def]  # noqa: E501
+                control, helpers, runs, flags, shared):  # pragma: no cover - compiled
+    """`posted_step` of rows 0..B-1 from their recorded tokens (`last`, copied into ids (B,)), then `ban_tokens` on
+    its logits: the decoder's part of a beam search step (`model.beams.beam_steps`, with helpers only). False where
+    a helper failed. The rows' last tokens, tokens generated and least new tokens: as in `greedy_steps`."""
+    B = ids.shape[0]
+    last, n_gen, min_new = longs[:B, cols[0]], longs[:B, cols[1]], longs[:B, cols[2]]
+    for r in range(B):
+        ids[r] = last[r]
+    if not posted_step(ids, pos, mask, self_kv, cross_kv, args, logits, control, helpers, runs, flags, shared):
+        return False
+    ban_tokens(logits, banned, eos, n_gen, min_new)
+    return True
 
 
 @njit(nogil=True, cache=True)

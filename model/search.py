@@ -16,7 +16,7 @@ import torch
 from torch import Tensor
 
 from model import logits as lp
-from model.beams import alignment, beam_step, finish_beam, force_constraints, short_beam_step
+from model.beams import alignment, beam_step, beam_steps, finish_beam, force_constraints, short_beam_step
 from model.constraints import Term
 from model.decode import DecodeBatch, Sequence, inference
 from model.events import Event, FinishEvent, Hypothesis, SentenceKey, TokenEvent
@@ -125,10 +125,17 @@ def step(batch: DecodeBatch) -> list[Event]:
 def steps(batch: DecodeBatch, most: int) -> list[Event]:
     """Up to `most` steps, until a sequence finishes: the same events as `step` called that many times, with no
     admission in between. Where every row is plain greedy on the CPU's fused step they run in one compiled call
-    (`DecodeBatch.greedy_steps`), without the Python around each; elsewhere this is one `step`. How many steps
-    ran is left in `batch.stepped`."""
+    (`DecodeBatch.greedy_steps`), without the Python around each; where every sentence is a plain beam search of
+    one width there, in one loop with the decoder steps posted from compiled code (`model.beams.beam_steps`);
+    elsewhere this is one `step`. How many steps ran is left in `batch.stepped`."""
     taken = batch.greedy_steps(most) if most > 1 and batch.n else None
     if taken is None:
+        seqs = list(batch.seqs.values())
+        beams = beam_steps(batch, seqs, most, lambda s: _collect(s, [], [], batch.cfg.eos_id, None)) \
+            if most > 1 and seqs and seqs[0].plain_beams else None
+        if beams is not None:
+            batch.stepped = beams[1]
+            return beams[0]
         batch.stepped = 1
         return step(batch)
     batch.stepped = len(taken)

@@ -54,10 +54,11 @@ class Settings(BaseSettings):
     encode_ahead: bool = Field(default=True, description="on the CPU, sentences joining a batch that is decoding "
                                "are encoded on a second thread while the decoder steps on (server/batcher.py)")
     steps_at_once_ms: float = Field(default=2.0, ge=0, le=1000, description="on the CPU, while no sentence waits "
-                                    "to join, plain greedy steps run at once in one compiled call for about this "
-                                    "long (from the last steps' times), without the Python between steps; a "
-                                    "request that arrives meanwhile waits at most about this long to join, and "
-                                    "streamed tokens come in bursts as long; 0 = one step at a time")
+                                    "to join, plain greedy steps run at once in one compiled call (and plain beam "
+                                    "searches of a few rows in one loop) for about this long (from the last "
+                                    "steps' times), without the Python between steps; a request that arrives "
+                                    "meanwhile waits at most about this long to join, and streamed tokens come in "
+                                    "bursts as long; 0 = one step at a time")
     max_batch_rows: int = Field(default=32, ge=1, le=1024, description="cache rows decoding together")
     max_admit_tokens: int = Field(default=4096, ge=1, description="source tokens encoded in one admission step")
     max_source_tokens: int = Field(default=256, ge=8, le=4096, description="longest sentence; longer ones are split")

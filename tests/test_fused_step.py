@@ -18,7 +18,7 @@ from model import (  # noqa: E402
     calibrate,
     checkpoint,
     fused_step,
-    search,  # noqa: E402
+    search,
 )
 from model import fused_encoder as fused_encoder_module  # noqa: E402
 from model.checkpoint import LoadedModel, quantize_int8, release_linear_weights  # noqa: E402
@@ -371,6 +371,71 @@ def test_greedy_steps_at_once_give_the_events_of_steps_one_by_one(tiny_model_dir
     assert {reason for _, reason in at_once[1]} == {"eos", "length"}
     assert len(taken) >= 3 and max(taken) > 4
     if threads > 1:  # the helper took its share of steps run at once, and is held no longer
+        assert fused.hot is not None and fused.hot.control[GO] - posted > len(taken)
+        assert fused.hot.control[HOLD] == 0
+
+
+@pytest.mark.parametrize("dtype", ["float32", "int8"])
+@pytest.mark.parametrize(("threads", "parts"), [(1, 7), (2, 7), (2, 0)])
+def test_beam_steps_in_one_loop_give_the_events_of_steps_one_by_one(tiny_model_dir: Path, dtype: str, threads: int,
+                                                                    parts: int,
+                                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    """Plain beam searches stepped in one loop, the decoder steps posted from compiled code (`beams.beam_steps`),
+    against the same steps one by one: the same events in the same order, every hypothesis with its score, with
+    beams of 2 (4 when nothing else decodes), two hypotheses asked, lengths that differ and a length penalty, more
+    sources than rows, cut in parts on two threads; on one thread, and in runs of rows on two, the loop is not
+    taken. The loops took several steps each; the helpers are held no longer."""
+    loaded = checkpoint.load(tiny_model_dir, device="cpu", dtype=dtype)
+    net, fused = loaded.net, loaded.net.fused
+    assert fused is not None and fused.ready()
+    monkeypatch.setattr(fused, "parts_max_rows", parts)
+    monkeypatch.setattr(fused, "split_min_rows", 2)
+    texts = ["Open the file.", "Save changes before closing.", "Disk full.", "Select all copy paste undo.",
+             "The file could not be opened.", "Click here to continue."]
+    sources = [loaded.tokenizer.encode(t) for t in texts]
+    configs = [GenerationConfig(beam_size=2, num_hypotheses=(1, 2)[i % 2], max_new_tokens=(6, 40, 30)[i % 3],
+                                length_penalty=(1.0, 0.6)[i % 2], scores=False) for i in range(len(texts))]
+    alone = GenerationConfig(beam_size=4, num_hypotheses=3, max_new_tokens=30, scores=False)
+    taken: list[int] = []
+    original, steps = search.beam_steps, search.steps
+
+    def counted(*args: Any) -> Any:
+        out = original(*args)
+        if out is not None:
+            taken.append(out[1])
+        return out
+
+    def run(at_once: bool) -> list[Any]:
+        events: list[Any] = []
+
+        def recorded(batch: DecodeBatch, most: int) -> list[Any]:
+            out = steps(batch, most) if at_once else search.step(batch)
+            events.extend(out)
+            return out
+
+        monkeypatch.setattr(search, "steps", recorded)
+        with torch.inference_mode():
+            hyps = search.generate(net, sources, configs, max_rows=4)
+            hyps += search.generate(net, sources[:2], alone, max_rows=4)
+        return [repr(events), repr(hyps)]  # (repr: NaN log-probs compare unequal)
+
+    monkeypatch.setattr(search, "beam_steps", counted)
+    before = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        one_by_one = run(False)
+        assert not taken
+        posted = fused.hot.control[GO] if fused.hot is not None else 0
+        at_once = run(True)
+    finally:
+        torch.set_num_threads(before)
+    assert at_once == one_by_one
+    assert "'length'" in at_once[1] and "'eos'" in at_once[1]
+    if not parts or threads == 1:  # one thread, or runs of rows: left to steps one by one (`beam_steps`)
+        assert not taken
+        return
+    assert len(taken) >= 4 and max(taken) > 4
+    if threads > 1:  # the helper took its share of steps posted from compiled code, and is held no longer
         assert fused.hot is not None and fused.hot.control[GO] - posted > len(taken)
         assert fused.hot.control[HOLD] == 0
 

@@ -365,6 +365,8 @@ def test_short_beam_step_gives_the_general_ways_hypotheses(loaded: checkpoint.Lo
         return went
 
     monkeypatch.setattr(model.search, "short_beam_step", counted)
+    # steps one by one: the loop of several (`beam_steps`, tests/test_fused_step.py) would take them instead
+    monkeypatch.setattr(model.search, "beam_steps", lambda *args: None)
     configs = [GenerationConfig(beam_size=3, num_hypotheses=3, max_new_tokens=16),
                GenerationConfig(beam_size=4, num_hypotheses=2, max_new_tokens=6, length_penalty=0.6,
                                 min_new_tokens=3),
