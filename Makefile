@@ -36,7 +36,7 @@ $(VENV)/.kernels: $(VENV)/.installed model/kernels.py model/beam_host.py model/n
 	$(BIN)/tolk build-kernels --model weights/en-pt --model weights/pt-en && touch $@ \
 		|| echo "kernels not compiled ahead: the server compiles them with numba's JIT (the next make serve tries again)"
 
-# Every table of docs/benchmarks.md, one script after another (about 1.5 hours on the 2-core machine; run it quiet).
+# Every table of docs/benchmarks.md, one script after another (about 20 minutes on the 2-core Zen 5 machine, 1.5 hours on the Zen 4 one; run it quiet).
 bench: setup
 	$(BIN)/pip install --quiet -e ".[bench]"
 	PYTHON=$(BIN)/python bash bench/run_all.sh
