@@ -1354,18 +1354,13 @@ def greedy_steps(most, ids, pos, mask, self_kv, cross_kv, args, logits, banned, 
     cols[2] of `longs` (`DecodeBatch`'s row state, passed whole so that its columns' layout never makes another
     compiled variant). Returns the steps taken. (`greedy_steps_posted` posts the steps to helper threads; this one
     stays apart so that a process on one thread never compiles `step_parts`, whose compilation is long.)"""
-    B = ids.shape[0]
-    last, n_gen, min_new = longs[:B, cols[0]], longs[:B, cols[1]], longs[:B, cols[2]]
     none = np.empty((0, 0), np.float32)
     k = 0
     while k < most:
         step(ids, 0, pos, mask, self_kv, cross_kv, *args, logits, none)  # type: ignore[call-arg]
-        choose_greedy(logits, banned, eos, n_gen, min_new, history, last, ids)
-        out[k] = ids
         k += 1
-        for r in range(B):
-            if ids[r] == eos or n_gen[r] >= max_new[r]:
-                return k
+        if _chosen(logits, banned, eos, longs, cols, history, max_new, ids, out[k - 1]):
+            return k
     return k
 
 
@@ -1375,19 +1370,28 @@ def greedy_steps_posted(most, ids, pos, mask, self_kv, cross_kv, args, logits, b
                         shared):  # pragma: no cover - compiled
     """`greedy_steps` with each step a `posted_step` (helpers > 0); a helper that failed ends the loop after that
     step."""
-    B = ids.shape[0]
-    last, n_gen, min_new = longs[:B, cols[0]], longs[:B, cols[1]], longs[:B, cols[2]]
     k = 0
     while k < most:
         if not posted_step(ids, pos, mask, self_kv, cross_kv, args, logits, control, helpers, runs, flags, shared):
             return k + 1
-        choose_greedy(logits, banned, eos, n_gen, min_new, history, last, ids)
-        out[k] = ids
         k += 1
-        for r in range(B):
-            if ids[r] == eos or n_gen[r] >= max_new[r]:
-                return k
+        if _chosen(logits, banned, eos, longs, cols, history, max_new, ids, out[k - 1]):
+            return k
     return k
+
+
+@njit(nogil=True, cache=True)
+def _chosen(logits, banned, eos, longs, cols, history, max_new, ids, out):  # type: ignore[no-untyped-def]
+    """A greedy step's tokens chosen and recorded (`choose_greedy`) into ids and out (B,); whether a row ended its
+    sentence (`greedy_steps`)."""  # pragma: no cover - compiled
+    B = ids.shape[0]
+    last, n_gen, min_new = longs[:B, cols[0]], longs[:B, cols[1]], longs[:B, cols[2]]
+    choose_greedy(logits, banned, eos, n_gen, min_new, history, last, ids)
+    out[:] = ids
+    for r in range(B):  # noqa: SIM110 - a loop, as numba compiles it
+        if ids[r] == eos or n_gen[r] >= max_new[r]:
+            return True
+    return False
 
 
 @njit(nogil=True, cache=True)

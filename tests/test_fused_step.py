@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 import threading
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -313,6 +314,54 @@ def released_decodes_as_kept(net: FrozenTransformer, plain: FrozenTransformer,
         generate(net, SOURCES[:1], configs[0])
 
 
+TEXTS = ["Open the file.", "Save changes before closing.", "Disk full.", "Select all copy paste undo.",
+         "The file could not be opened.", "Click here to continue."]
+
+
+def cut(model_dir: Path, dtype: str, parts: int,
+        monkeypatch: pytest.MonkeyPatch) -> tuple[LoadedModel, FrozenTransformer, FusedStep]:
+    """The tiny model with its fused step, whose steps of up to `parts` rows are cut in parts over the threads and
+    larger ones (from 4 rows) into runs of rows."""
+    loaded = checkpoint.load(model_dir, device="cpu", dtype=dtype)
+    fused = loaded.net.fused
+    assert fused is not None and fused.ready()
+    monkeypatch.setattr(fused, "parts_max_rows", parts)
+    monkeypatch.setattr(fused, "split_min_rows", 2)
+    return loaded, loaded.net, fused
+
+
+_STEPS = search.steps
+
+
+def stepping(monkeypatch: pytest.MonkeyPatch, at_once: bool) -> list[Any]:
+    """Make `generate` take its steps several at once where it may (`search.steps`) or one by one (`search.step`);
+    every event goes into the list returned."""
+    events: list[Any] = []
+
+    def recorded(batch: DecodeBatch, most: int) -> list[Any]:
+        out = _STEPS(batch, most) if at_once else search.step(batch)
+        events.extend(out)
+        return out
+
+    monkeypatch.setattr(search, "steps", recorded)
+    return events
+
+
+def both_ways(run: Callable[[bool], list[Any]], threads: int, fused: FusedStep,
+             taken: list[int]) -> tuple[list[Any], list[Any], int]:
+    """`run` one by one, then at once, on this many torch threads; also how many steps the helper had been posted
+    before the second (none may run at once in the first: `taken` stays empty)."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        one_by_one = run(False)
+        assert not taken
+        posted = fused.hot.control[GO] if fused.hot is not None else 0
+        return one_by_one, run(True), posted
+    finally:
+        torch.set_num_threads(before)
+
+
 @pytest.mark.parametrize("dtype", ["float32", "int8"])
 @pytest.mark.parametrize(("threads", "parts"), [(1, 7), (2, 7), (2, 0)])
 def test_greedy_steps_at_once_give_the_events_of_steps_one_by_one(tiny_model_dir: Path, dtype: str, threads: int,
@@ -322,13 +371,8 @@ def test_greedy_steps_at_once_give_the_events_of_steps_one_by_one(tiny_model_dir
     with more sources than rows (admission between runs), minimum and maximum lengths that differ by row, and the
     step on one thread, cut in parts on two, or in runs of rows on two. The runs did happen, several steps each,
     and afterwards the helpers are no longer held awake."""
-    loaded = checkpoint.load(tiny_model_dir, device="cpu", dtype=dtype)
-    net, fused = loaded.net, loaded.net.fused
-    assert fused is not None and fused.ready()
-    monkeypatch.setattr(fused, "parts_max_rows", parts)
-    monkeypatch.setattr(fused, "split_min_rows", 2)
-    texts = ["Open the file.", "Save changes before closing.", "Disk full.", "Select all copy paste undo.",
-             "The file could not be opened.", "Click here to continue.", "Print.", "Close all windows now."]
+    loaded, net, fused = cut(tiny_model_dir, dtype, parts, monkeypatch)
+    texts = [*TEXTS, "Print.", "Close all windows now."]
     sources = [loaded.tokenizer.encode(t) for t in texts]
     configs = [GenerationConfig(max_new_tokens=(5, 40, 9, 40)[i % 4], min_new_tokens=(0, 0, 0, 12)[i % 4],
                                 scores=False) for i in range(len(texts))]
@@ -341,31 +385,14 @@ def test_greedy_steps_at_once_give_the_events_of_steps_one_by_one(tiny_model_dir
             taken.append(out.shape[0])
         return out
 
-    steps = search.steps
-
     def run(at_once: bool) -> list[Any]:
-        events: list[Any] = []
-
-        def recorded(batch: DecodeBatch, most: int) -> list[Any]:
-            out = steps(batch, most) if at_once else search.step(batch)
-            events.extend(out)
-            return out
-
-        monkeypatch.setattr(search, "steps", recorded)
+        events = stepping(monkeypatch, at_once)
         with torch.inference_mode():
             hyps = search.generate(net, sources, configs, max_rows=4)
         return [events, [(h[0].tokens, h[0].finish_reason) for h in hyps]]
 
     monkeypatch.setattr(DecodeBatch, "greedy_steps", counted)
-    before = torch.get_num_threads()
-    torch.set_num_threads(threads)
-    try:
-        one_by_one = run(False)
-        assert not taken
-        posted = fused.hot.control[GO] if fused.hot is not None else 0
-        at_once = run(True)
-    finally:
-        torch.set_num_threads(before)
+    one_by_one, at_once, posted = both_ways(run, threads, fused, taken)
     assert at_once[1] == one_by_one[1]
     assert [repr(e) for e in at_once[0]] == [repr(e) for e in one_by_one[0]]  # (repr: NaN log-probs compare unequal)
     assert {reason for _, reason in at_once[1]} == {"eos", "length"}
@@ -385,19 +412,14 @@ def test_beam_steps_in_one_loop_give_the_events_of_steps_one_by_one(tiny_model_d
     beams of 2 (4 when nothing else decodes), two hypotheses asked, lengths that differ and a length penalty, more
     sources than rows, cut in parts on two threads; on one thread, and in runs of rows on two, the loop is not
     taken. The loops took several steps each; the helpers are held no longer."""
-    loaded = checkpoint.load(tiny_model_dir, device="cpu", dtype=dtype)
-    net, fused = loaded.net, loaded.net.fused
-    assert fused is not None and fused.ready()
-    monkeypatch.setattr(fused, "parts_max_rows", parts)
-    monkeypatch.setattr(fused, "split_min_rows", 2)
-    texts = ["Open the file.", "Save changes before closing.", "Disk full.", "Select all copy paste undo.",
-             "The file could not be opened.", "Click here to continue."]
+    loaded, net, fused = cut(tiny_model_dir, dtype, parts, monkeypatch)
+    texts = TEXTS
     sources = [loaded.tokenizer.encode(t) for t in texts]
     configs = [GenerationConfig(beam_size=2, num_hypotheses=(1, 2)[i % 2], max_new_tokens=(6, 40, 30)[i % 3],
                                 length_penalty=(1.0, 0.6)[i % 2], scores=False) for i in range(len(texts))]
     alone = GenerationConfig(beam_size=4, num_hypotheses=3, max_new_tokens=30, scores=False)
     taken: list[int] = []
-    original, steps = search.beam_steps, search.steps
+    original = search.beam_steps
 
     def counted(*args: Any) -> Any:
         out = original(*args)
@@ -406,29 +428,14 @@ def test_beam_steps_in_one_loop_give_the_events_of_steps_one_by_one(tiny_model_d
         return out
 
     def run(at_once: bool) -> list[Any]:
-        events: list[Any] = []
-
-        def recorded(batch: DecodeBatch, most: int) -> list[Any]:
-            out = steps(batch, most) if at_once else search.step(batch)
-            events.extend(out)
-            return out
-
-        monkeypatch.setattr(search, "steps", recorded)
+        events = stepping(monkeypatch, at_once)
         with torch.inference_mode():
             hyps = search.generate(net, sources, configs, max_rows=4)
             hyps += search.generate(net, sources[:2], alone, max_rows=4)
         return [repr(events), repr(hyps)]  # (repr: NaN log-probs compare unequal)
 
     monkeypatch.setattr(search, "beam_steps", counted)
-    before = torch.get_num_threads()
-    torch.set_num_threads(threads)
-    try:
-        one_by_one = run(False)
-        assert not taken
-        posted = fused.hot.control[GO] if fused.hot is not None else 0
-        at_once = run(True)
-    finally:
-        torch.set_num_threads(before)
+    one_by_one, at_once, posted = both_ways(run, threads, fused, taken)
     assert at_once == one_by_one
     assert "'length'" in at_once[1] and "'eos'" in at_once[1]
     if not parts or threads == 1:  # one thread, or runs of rows: left to steps one by one (`beam_steps`)
