@@ -84,25 +84,44 @@ def short_beam_step(batch: DecodeBatch, seqs: list[Sequence]) -> bool:
     logits = batch.fused_logits()
     if logits is None:
         return False
-    st, eos = batch.state, batch.cfg.eos_id
-    history, n_gen, last, min_new = st.host_views()
-    ban_tokens(logits.numpy(), batch.banned_host, eos, n_gen[:n], min_new[:n])
-    logprobs = lp.log_softmax(logits, out=batch.buffer("logprobs"))
-    m, c = len(seqs), min(2 * k, k * V)
-    rows_h = np.array([s.rows for s in seqs], np.int64)  # (m, k)
-    top, beam_h, token_h = np.empty((m, c), np.float32), np.empty((m, c), np.int64), np.empty((m, c), np.int64)
-    chosen_h, ended_h = np.empty((m, k, 3)), np.empty((m, k + 1, 2))
-    pos, _, self_kv, _ = batch.cache.host_views()
-    T, transit = batch.cache.beam_moves(k)
-    if not advance_beams(logprobs.numpy(), rows_h, st.score.numpy(), eos, top, beam_h, token_h, chosen_h, ended_h,
-                         self_kv, T, history, pos, n_gen, last, transit):
-        tokens = logprobs.new_empty(n, dtype=torch.long)  # a vocabulary too small for k continuations
-        beam_step(batch, seqs, logprobs, tokens, None)
-        batch.record(tokens)
-        return True
-    for seq, chosen_j, ended_j in zip(seqs, chosen_h.tolist(), ended_h.tolist(), strict=True):
-        _take(seq, chosen_j, ended_j, None)
+    _, n_gen, _, min_new = batch.state.host_views()
+    ban_tokens(logits.numpy(), batch.banned_host, batch.cfg.eos_id, n_gen[:n], min_new[:n])
+    _HostChoice(batch, seqs)(logits)
     return True
+
+
+class _HostChoice:
+    """A CPU beam step's part after its logits, banned tokens set: the log-softmax, then the choice, the rows' moves
+    and the record in one compiled call (`advance_beams`), and each sentence's hypotheses, beams and scores brought
+    up to date. Its arrays are made once, for a run of steps of the same sentences (`beam_steps`)."""
+
+    def __init__(self, batch: DecodeBatch, seqs: list[Sequence]) -> None:
+        k, n, V = seqs[0].beam, batch.n, batch.cfg.tgt_vocab_size
+        m, c = len(seqs), min(2 * k, k * V)
+        self.batch, self.seqs, self.k = batch, seqs, k
+        self.rows = np.array([s.rows for s in seqs], np.int64)  # (m, k)
+        self.top, self.beam, self.token = (np.empty((m, c), np.float32), np.empty((m, c), np.int64),
+                                           np.empty((m, c), np.int64))
+        self.chosen, self.ended = np.empty((m, k, 3)), np.empty((m, k + 1, 2))
+        self.logprobs = batch.cache.scratch("logprobs", n, V)  # (`DecodeBatch.buffer` on the CPU)
+
+    def __call__(self, logits: Tensor) -> bool:
+        """The step after these logits (n, V); True where it took the general way (`beam_step`: a vocabulary too
+        small for k continuations)."""
+        batch, seqs, st = self.batch, self.seqs, self.batch.state
+        history, n_gen, last, _ = st.host_views()
+        pos, _, self_kv, _ = batch.cache.host_views()
+        logprobs = lp.log_softmax(logits, out=self.logprobs)
+        T, transit = batch.cache.beam_moves(self.k)
+        if not advance_beams(logprobs.numpy(), self.rows, st.score.numpy(), batch.cfg.eos_id, self.top, self.beam,
+                             self.token, self.chosen, self.ended, self_kv, T, history, pos, n_gen, last, transit):
+            tokens = logprobs.new_empty(batch.n, dtype=torch.long)
+            beam_step(batch, seqs, logprobs, tokens, None)
+            batch.record(tokens)
+            return True
+        for seq, chosen_j, ended_j in zip(seqs, self.chosen.tolist(), self.ended.tolist(), strict=True):
+            _take(seq, chosen_j, ended_j, None)
+        return False
 
 
 def beam_steps(batch: DecodeBatch, seqs: list[Sequence], most: int,
@@ -128,36 +147,19 @@ def beam_steps(batch: DecodeBatch, seqs: list[Sequence], most: int,
     if logits is None:
         return None
     st, eos = batch.state, batch.cfg.eos_id
-    history, n_gen, last, min_new = st.host_views()
+    _, n_gen, _, min_new = st.host_views()
     host, banned = logits.numpy(), batch.banned_host
     ban_tokens(host, banned, eos, n_gen[:n], min_new[:n])
-    logprobs = batch.cache.scratch("logprobs", n, V)  # (`DecodeBatch.buffer` on the CPU)
-    m, c = len(seqs), min(2 * k, k * V)
-    rows_h = np.array([s.rows for s in seqs], np.int64)  # (m, k)
-    top, beam_h, token_h = np.empty((m, c), np.float32), np.empty((m, c), np.int64), np.empty((m, c), np.int64)
-    chosen_h, ended_h = np.empty((m, k, 3)), np.empty((m, k + 1, 2))
-    pos, _, self_kv, _ = batch.cache.host_views()
-    score, ids = st.score.numpy(), np.empty(n, np.int64)
+    choose, ids = _HostChoice(batch, seqs), np.empty(n, np.int64)
     events: list[Event] = []
     taken = 0
     with fused.posting(n) as (_, posted):
         while True:
-            lp.log_softmax(logits, out=logprobs)
-            T, transit = batch.cache.beam_moves(k)
+            general = choose(logits)
             taken += 1
-            if not advance_beams(logprobs.numpy(), rows_h, score, eos, top, beam_h, token_h, chosen_h, ended_h,
-                                 self_kv, T, history, pos, n_gen, last, transit):
-                tokens = logprobs.new_empty(n, dtype=torch.long)  # a vocabulary too small for k continuations
-                beam_step(batch, seqs, logprobs, tokens, None)
-                batch.record(tokens)
-                more, done = collect(seqs)
-                events += more
-                break
-            for seq, chosen_j, ended_j in zip(seqs, chosen_h.tolist(), ended_h.tolist(), strict=True):
-                _take(seq, chosen_j, ended_j, None)
             more, done = collect(seqs)
             events += more
-            if done or taken == most:
+            if general or done or taken == most:
                 break
             fused.banned_step(ids, batch.cache, host, banned, eos, *st.host_longs(), posted)
     if done:

@@ -141,15 +141,14 @@ class Kernel:
 
 class Bound:
     """A compiled function whose arguments at..at+len(fixed)-1 are always `fixed` (a step's weights and settings):
-    called with the others, in order. The fixed arguments' types are read once, so a call reads only the others'
-    to find its entry: the fused step's 46 weight arguments took about 9 us of its 10-odd us of key a call, five
-    times a step. Works for a `Kernel` and for numba's own dispatcher alike (which finds its entry itself)."""
+    called with the others, in order. The entry is looked up by the others' types alone (the fixed ones' never
+    change): the fused step's 46 weight arguments took about 9 us of its 10-odd us of key a call, five times a
+    step. Works for a `Kernel` and for numba's own dispatcher alike (which finds its entry itself)."""
 
-    __slots__ = ("fn", "at", "fixed", "keys", "entries")
+    __slots__ = ("fn", "at", "fixed", "entries")
 
     def __init__(self, fn: Callable[..., Any], at: int, fixed: tuple[Any, ...]) -> None:
         self.fn, self.at, self.fixed = fn, at, fixed
-        self.keys = tuple(map(key, fixed)) if isinstance(fn, Kernel) else ()
         self.entries: dict[Any, Callable[..., Any]] = {}  # by the other arguments' keys
 
     def __call__(self, *args: Any) -> Any:
