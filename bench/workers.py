@@ -28,7 +28,7 @@ from model import checkpoint
 from model.decode import DecodeBatch
 from model.generation import GenerationConfig
 from model.marian_format import spm_pieces
-from model.search import generate
+from model.search import generate, release_batch
 
 MAX_SOURCE_TOKENS = 256  # bench/engines.py cuts sources here, as model.evaluate does
 
@@ -240,6 +240,8 @@ class Result:
 
 def answer(engine: Engine, job: Job, reset: bool, kind: str, device: str) -> Result:
     if reset:  # each configuration's peak from the memory the process holds, not what the last one freed
+        if isinstance(engine, TolkEngine):  # nor the batch the last configuration's calls kept (`generate`)
+            release_batch(engine.net)
         checkpoint.trim_heap()  # (glibc keeps freed heap: the server's scheduler trims it when idle, as here)
         reset_peak()
         gpu_peak_mb(kind, device, reset=True)

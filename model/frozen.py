@@ -16,6 +16,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import logging
+import threading
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any, cast
 
@@ -248,6 +249,8 @@ class FrozenTransformer:
         # and the encoder of short sentences (model.fused_encoder)
         self.fused_encoder = (FusedEncoder.build(model, self) if fused and not half and FusedEncoder is not None
                               else None)
+        self.idle_batch: Any = None  # model.search.generate's DecodeBatch between calls (`search._kept_batch`)
+        self.decoding = threading.Lock()  # held by each call of model.search.generate
 
     def release_operator_decoder(self) -> bool:
         """Where the fused step was built for large weights (`FusedStep.large`) and can run (int8: with input ranges

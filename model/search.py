@@ -260,17 +260,30 @@ def generate(
     configs = [config] * len(sources) if isinstance(config, GenerationConfig) else list(config)
     if len(configs) != len(sources):
         raise ValueError("need one GenerationConfig per source")
-    terms = list(constraints) if constraints is not None else [None] * len(sources)
+    terms: list[Seq[Term] | None] = list(constraints) if constraints is not None else [None] * len(sources)
     if len(terms) != len(sources):
         raise ValueError("need one list of constraints (or None) per source")
     widest = max((c.beam_size for c in configs), default=1)
     rows = max(max_rows, widest)
     max_src = max((len(s) for s in sources), default=1)
     max_tgt = max((c.max_new_tokens for c in configs), default=1)
-    if batch is None:
-        batch = DecodeBatch(net, rows, max_src, max_tgt)
-    elif len(batch) or batch.cache.max_src < max_src or batch.cache.max_tgt < min(max_tgt, net.cfg.max_positions):
-        raise ValueError("generate's batch must be empty and hold the longest source and output")
+    with net.decoding:  # one call at a time: the fused step's helper threads serve one caller
+        own = batch is None
+        if batch is None:
+            batch = _kept_batch(net, rows, max_src, max_tgt)
+        elif (len(batch) or batch.cache.max_src < max_src
+              or batch.cache.max_tgt < min(max_tgt, net.cfg.max_positions)):
+            raise ValueError("generate's batch must be empty and hold the longest source and output")
+        results = _decode(batch, sources, configs, terms, constraint_sources)
+        if own:  # (a call that raised leaves its batch to the collector: it may hold sentences)
+            net.idle_batch = batch
+    return [results[(0, i)] for i in range(len(sources))]
+
+
+def _decode(batch: DecodeBatch, sources: Seq[list[int]], configs: list[GenerationConfig],
+            terms: list[Seq[Term] | None], constraint_sources: Seq[Seq[Seq[int]] | None] | None
+            ) -> dict[SentenceKey, list[Hypothesis]]:
+    """`generate`'s loop: admit what fits, step, collect each sentence's n-best list."""
     results: dict[SentenceKey, list[Hypothesis]] = {}
     waiting = deque(range(len(sources)))
     while waiting or len(batch):
@@ -286,7 +299,37 @@ def generate(
         for event in steps(batch, batch.cache.max_tgt if blocked else 1):
             if isinstance(event, FinishEvent):
                 results[event.key] = event.hypotheses
-    return [results[(0, i)] for i in range(len(sources))]
+    return results
+
+
+SOURCE_BUCKET = 64  # a kept batch's source length, rounded up to a multiple of this: fewer batches made anew
+
+
+def _kept_batch(net: FrozenTransformer, rows: int, max_src: int, max_tgt: int) -> DecodeBatch:
+    """An empty DecodeBatch of `rows` rows for `generate`: the one the network's last call left (`idle_batch`) where
+    it has as many rows and target positions and room for the sources, else a new one (the old one dropped first).
+
+    A batch made anew for each call of a few sentences had its cache's pages mapped and touched anew: the shipped
+    model's beam-4 sentences, one per call, took 7.8 ms each against 7.0 in a kept batch (float32, two threads; the
+    same tokens). `release_batch` drops it."""
+    idle, net.idle_batch = net.idle_batch, None
+    max_tgt = min(max_tgt, net.cfg.max_positions)
+    cache = idle.cache if idle is not None else None
+    # (a cache left unfilled only where the step reads each row's own length, as `new_cache` makes them)
+    if (cache is not None and cache.rows == rows and cache.max_tgt == max_tgt and cache.zeroed != net.by_length
+            and cache.self_kv.dtype == net.tgt_table.dtype and cache.self_kv.device == net.device):
+        if cache.max_src >= max_src:
+            return idle  # type: ignore[no-any-return]
+        max_src = max(max_src, cache.max_src)
+    del idle, cache
+    bucketed = -(-max_src // SOURCE_BUCKET) * SOURCE_BUCKET
+    return DecodeBatch(net, rows, min(bucketed, max(max_src, net.cfg.max_positions)), max_tgt)
+
+
+def release_batch(net: FrozenTransformer) -> None:
+    """Drop the batch `generate` keeps between calls (its memory goes back with the next heap trim)."""
+    with net.decoding:
+        net.idle_batch = None
 
 
 def greedy(net: FrozenTransformer, sources: Seq[list[int]], max_new_tokens: int = 256) -> list[list[int]]:

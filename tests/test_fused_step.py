@@ -186,6 +186,37 @@ def test_a_one_row_step_in_parts_equals_it_in_one_run(monkeypatch: pytest.Monkey
     assert results[0] == results[1]
 
 
+def test_generate_from_threads_at_once_decodes_as_one_after_another() -> None:
+    """Calls from two threads at once on two torch threads take turns (`FrozenTransformer.decoding`), with the same
+    hypotheses as one after another: two callers posting steps to the fused step's helper thread at once had both
+    wait for ever."""
+    net = nets("float32", norm="pre", activation="relu")[0]
+    configs = [GenerationConfig(max_new_tokens=16), GenerationConfig(beam_size=3, max_new_tokens=16)]
+    threads = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        expected = [[(h.tokens, h.score) for h in generate(net, [s], c, max_rows=3)[0]] for c in configs
+                    for s in SOURCES]
+        got: dict[int, list[tuple[list[int], float]]] = {}
+
+        def work(c: int) -> None:
+            for _ in range(5):
+                for i, s in enumerate(SOURCES):
+                    got[c * len(SOURCES) + i] = [(h.tokens, h.score) for h in generate(net, [s], configs[c],
+                                                                                      max_rows=3)[0]]
+
+        callers = [threading.Thread(target=work, args=(c,), daemon=True) for c in range(2)]
+        for caller in callers:
+            caller.start()
+        for caller in callers:
+            caller.join(timeout=120)
+        assert not any(caller.is_alive() for caller in callers), "the calls did not end"
+    finally:
+        torch.set_num_threads(threads)
+    assert net.fused is not None and net.fused.hot is not None and net.fused.hot.control[GO] > 0  # helped
+    assert [got[i] for i in range(len(expected))] == expected
+
+
 @pytest.mark.parametrize(("outputs", "act"), [(100, 0), (64, 1), (37, 2), (200, 0)])
 def test_a_float32_product_in_panels_is_each_rows_own(outputs: int, act: int) -> None:
     """float32 weights packed in panels (`pack_panels`; 100, 37 and 200 outputs leave rows outside any panel; 200

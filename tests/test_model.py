@@ -16,12 +16,12 @@ from torch.ao.nn.quantized.dynamic import Linear as QuantizedLinear
 from model import checkpoint
 from model.beams import top_k
 from model.decode import DecodeBatch
-from model.events import FinishEvent, SentenceKey, TokenEvent
+from model.events import FinishEvent, Hypothesis, SentenceKey, TokenEvent
 from model.frozen import FrozenTransformer, attend_one, freeze
 from model.generation import GenerationConfig
 from model.layers import ACTIVATION_FUNCTIONS
 from model.projection import Projection
-from model.search import admissible, argmax, beam_search, generate, greedy, sample, step
+from model.search import admissible, argmax, beam_search, generate, greedy, release_batch, sample, step
 from model.transformer import Transformer
 from tests.tiny import tiny_config, tiny_model
 
@@ -442,6 +442,35 @@ def test_padded_batch_equals_each_alone(loaded: checkpoint.LoadedModel, sources:
     assert [h[0].tokens for h in together] == [h[0].tokens for h in alone]
     for a, b in zip(together, alone, strict=True):
         assert a[0].score == pytest.approx(b[0].score, abs=1e-4)
+
+
+def _hypotheses(results: list[list[Hypothesis]]) -> list[list[tuple[list[int], float]]]:
+    return [[(h.tokens, h.score) for h in hyps] for hyps in results]
+
+
+def test_generate_in_its_kept_batch_decodes_as_in_a_new_one(loaded: checkpoint.LoadedModel,
+                                                           sources: list[list[int]]) -> None:
+    """Calls of other settings, sizes and source lengths one after another in the batch `generate` keeps between
+    calls (`search.kept_batch`) decode as each in a batch of its own; the batch is kept where it fits."""
+    net = loaded.net
+    calls = [(sources[:1], GenerationConfig(beam_size=4, max_new_tokens=12), 4),
+             (sources[1:3], GenerationConfig(max_new_tokens=12), 4),
+             (sources[:3], GenerationConfig(do_sample=True, seed=3, max_new_tokens=12, scores=True), 4),
+             ([(sources[1] * 8)[:100]], GenerationConfig(beam_size=2, num_hypotheses=2, max_new_tokens=12), 4),
+             (sources, GenerationConfig(beam_size=2, max_new_tokens=10), 6),
+             (sources[:1], GenerationConfig(beam_size=4, max_new_tokens=12), 4)]
+    release_batch(net)
+    kept, fresh, batches = [], [], []
+    for src, config, rows in calls:
+        kept.append(_hypotheses(generate(net, src, config, max_rows=rows)))
+        batches.append(net.idle_batch)
+        new = DecodeBatch(net, rows, max(len(s) for s in src), config.max_new_tokens)
+        fresh.append(_hypotheses(generate(net, src, config, max_rows=rows, batch=new)))
+    assert kept == fresh
+    assert batches[1] is batches[0] and batches[2] is batches[0]  # the same rows and length: kept
+    assert batches[3] is not batches[2]  # a source longer than the batch holds: made anew (as here)
+    assert batches[4] is not batches[3] and batches[5] is not batches[4]  # other rows
+    assert batches[3].cache.max_src >= 100 and batches[4].cache.rows == 6 and batches[5].cache.rows == 4
 
 
 def test_rows_admitted_at_different_steps_decode_as_alone(
