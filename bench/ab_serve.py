@@ -35,6 +35,7 @@ import aiohttp
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "bench"))
 
+from int8_products import cpu_flags  # noqa: E402
 from serve import wait_ready  # noqa: E402
 
 
@@ -152,7 +153,7 @@ def main() -> None:
     result.update({"base": base_rev, "head": head_rev, "model": str(shown), "dtype": args.dtype,
                    "threads": args.threads, "base_threads": args.base_threads or args.threads,
                    "base_env": args.base_env, "head_env": args.head_env,
-                   "cpu": platform.processor() or platform.machine(),
+                   "cpu": platform.processor() or platform.machine(), "flags": cpu_flags(),
                    "note": "head's working tree as it is, uncommitted changes included"})
     if args.clients:
         print(f"{'round':>5} {'base sent/s':>12} {'head sent/s':>12} {'head/base':>10}")

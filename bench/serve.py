@@ -36,6 +36,8 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from int8_products import cpu_flags  # noqa: E402  (bench/, this script's folder)
+
 from model.checkpoint import LoadedModel, ModelInfo, load, save  # noqa: E402
 from model.config import ModelConfig  # noqa: E402
 from model.search import generate  # noqa: E402
@@ -321,8 +323,8 @@ def run_phases(urls: dict[str, str], sentences: list[str], args: argparse.Namesp
 
 
 def machine(loaded: LoadedModel) -> dict[str, Any]:
-    facts: dict[str, Any] = {"cpu": platform.processor() or platform.machine(), "cores": os.cpu_count(),
-                             "torch": torch.__version__}
+    facts: dict[str, Any] = {"cpu": platform.processor() or platform.machine(), "flags": cpu_flags(),
+                             "cores": os.cpu_count(), "torch": torch.__version__}
     if loaded.device.type == "cuda":
         facts.update(gpu=torch.cuda.get_device_name(loaded.device), cuda=torch.version.cuda)
     return facts
