@@ -47,7 +47,7 @@ class KVCache:
 
         self.self_kv = buf(max_tgt)  # (L, 2, R, H, T, Dh): K and V of the target tokens so far
         self.cross_kv = buf(max_src)  # (L, 2, R, H, S, Dh): K and V of the source
-        self.rows, self.max_src, self.max_tgt, self.zeroed = rows, max_src, max_tgt, zeroed
+        self.rows, self.max_src, self.max_tgt = rows, max_src, max_tgt
         self.pos = torch.zeros(rows, dtype=torch.long, device=device)  # next write position per row
         self.src_mask = torch.zeros(rows, max_src, dtype=torch.bool, device=device)  # True = real source token
         self.row_ids = torch.arange(rows, device=device)

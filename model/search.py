@@ -309,21 +309,18 @@ def _kept_batch(net: FrozenTransformer, rows: int, max_src: int, max_tgt: int) -
     """An empty DecodeBatch of `rows` rows for `generate`: the one the network's last call left (`idle_batch`) where
     it has as many rows and target positions and room for the sources, else a new one (the old one dropped first).
 
-    A batch made anew for each call of a few sentences had its cache's pages mapped and touched anew: the shipped
-    model's beam-4 sentences, one per call, took 7.8 ms each against 7.0 in a kept batch (float32, two threads; the
-    same tokens). `release_batch` drops it."""
-    idle, net.idle_batch = net.idle_batch, None
+    A batch made anew for each call of a few sentences had its cache's pages mapped and touched anew: one beam-4
+    sentence a call of the shipped model ran 1.14x faster in a kept batch, with the same tokens (float32, two
+    threads, bench/results/ab-engine-kept-batch.json). `release_batch` drops it."""
+    idle, net.idle_batch = net.idle_batch, None  # (made by this network's `new_cache`, as the new one would be)
     max_tgt = min(max_tgt, net.cfg.max_positions)
-    cache = idle.cache if idle is not None else None
-    # (a cache left unfilled only where the step reads each row's own length, as `new_cache` makes them)
-    if (cache is not None and cache.rows == rows and cache.max_tgt == max_tgt and cache.zeroed != net.by_length
-            and cache.self_kv.dtype == net.tgt_table.dtype and cache.self_kv.device == net.device):
-        if cache.max_src >= max_src:
+    if idle is not None and idle.cache.rows == rows and idle.cache.max_tgt == max_tgt:
+        if idle.cache.max_src >= max_src:
             return idle  # type: ignore[no-any-return]
-        max_src = max(max_src, cache.max_src)
-    del idle, cache
+        max_src = max(max_src, idle.cache.max_src)
+    del idle
     bucketed = -(-max_src // SOURCE_BUCKET) * SOURCE_BUCKET
-    return DecodeBatch(net, rows, min(bucketed, max(max_src, net.cfg.max_positions)), max_tgt)
+    return DecodeBatch(net, rows, max(max_src, min(bucketed, net.cfg.max_positions)), max_tgt)
 
 
 def release_batch(net: FrozenTransformer) -> None:
