@@ -127,6 +127,31 @@ def test_an_admission_in_parts_of_every_product_encodes_bit_for_bit_as_one(dtype
         assert torch.equal(a, b)
 
 
+@pytest.mark.parametrize("dtype", ["float32", "int8"])
+def test_one_long_sentence_on_two_threads_is_cut_into_parts_of_every_product(dtype: str,
+                                                                              monkeypatch: pytest.MonkeyPatch) -> None:
+    """An admission long enough to cut by sentences, but of fewer sentences than threads, goes in parts of every
+    product (one sentence by sentences ran on one thread alone): the same numbers as in one part."""
+    fused, _ = nets(dtype, norm="pre", activation="relu")
+    encoder = fused.fused_encoder
+    assert encoder is not None
+    monkeypatch.setattr(fused_encoder, "SPLIT_MIN_TOKENS", 4)
+    source = max(LONG, key=len)
+    assert len(source) >= fused_encoder.SPLIT_MIN_TOKENS
+    threads = torch.get_num_threads()
+    results, seen = [], []
+    original = encoder._encode
+    monkeypatch.setattr(encoder, "_encode", lambda *a: seen.append(a[3:5]) or original(*a))
+    try:
+        for n in (1, 2):
+            torch.set_num_threads(n)
+            results.append(encode(fused, [source]))
+    finally:
+        torch.set_num_threads(threads)
+    assert sorted(seen) == [(), (0, 2), (1, 2)]  # alone on one thread, then two parts
+    assert torch.equal(results[0][0], results[1][0])
+
+
 def test_split_cuts_runs_of_about_as_many_tokens() -> None:
     assert fused_encoder.split([5, 5, 5, 5], 2) == [(0, [5, 5]), (10, [5, 5])]
     assert fused_encoder.split([3, 20, 4, 4, 4], 2) == [(0, [3, 20]), (23, [4, 4, 4])]
