@@ -46,7 +46,7 @@ def best_continuations(logprobs, rows, score, top, beam, token):  # type: ignore
             while v < V:
                 if filled == n and v + SKIP <= V:
                     block, t = row[v : v + SKIP], top[j, n - 1]
-                    above = 0
+                    above = np.int32(0)
                     for i in range(SKIP):
                         above += np.int32(s + block[i] > t)
                     if above == 0:
