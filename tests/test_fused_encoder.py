@@ -102,16 +102,12 @@ def test_an_admission_cut_over_threads_encodes_bit_for_bit_as_one(dtype: str, ta
     assert torch.equal(alone, whole[4])
 
 
-@pytest.mark.parametrize(("dtype", "norm"), [("float32", "pre"), ("float32", "post"), ("int8", "pre")])
-def test_an_admission_in_parts_of_every_product_encodes_bit_for_bit_as_one(dtype: str, norm: str, taken: list[int],
-                                                                          monkeypatch: pytest.MonkeyPatch) -> None:
-    """A small admission on two threads is cut into two parts of every product and attention (by heads of
-    sentences), run at once: the same numbers as in one part."""
-    fused, _ = nets(dtype, norm=norm, activation="relu")
+def on_one_then_two_threads(fused: FrozenTransformer, sources: list[list[int]], monkeypatch: pytest.MonkeyPatch
+                            ) -> tuple[list[list[torch.Tensor]], list[tuple[int, ...]]]:
+    """The sources encoded on one torch thread, then on two; and the (part, parts) of each compiled call, () for a
+    call in one part."""
     encoder = fused.fused_encoder
     assert encoder is not None
-    encoder.max_tokens = 64
-    sources = [*SHORT, LONG[0]]
     threads = torch.get_num_threads()
     results, seen = [], []
     original = encoder._encode
@@ -122,6 +118,19 @@ def test_an_admission_in_parts_of_every_product_encodes_bit_for_bit_as_one(dtype
             results.append(encode(fused, sources))
     finally:
         torch.set_num_threads(threads)
+    return results, seen
+
+
+@pytest.mark.parametrize(("dtype", "norm"), [("float32", "pre"), ("float32", "post"), ("int8", "pre")])
+def test_an_admission_in_parts_of_every_product_encodes_bit_for_bit_as_one(dtype: str, norm: str, taken: list[int],
+                                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    """A small admission on two threads is cut into two parts of every product and attention (by heads of
+    sentences), run at once: the same numbers as in one part."""
+    fused, _ = nets(dtype, norm=norm, activation="relu")
+    encoder = fused.fused_encoder
+    assert encoder is not None
+    encoder.max_tokens = 64
+    results, seen = on_one_then_two_threads(fused, [*SHORT, LONG[0]], monkeypatch)
     assert sorted(seen) == [(), (0, 2), (1, 2)]  # one part, then two
     for a, b in zip(*results, strict=True):
         assert torch.equal(a, b)
@@ -138,16 +147,7 @@ def test_one_long_sentence_on_two_threads_is_cut_into_parts_of_every_product(dty
     monkeypatch.setattr(fused_encoder, "SPLIT_MIN_TOKENS", 4)
     source = max(LONG, key=len)
     assert len(source) >= fused_encoder.SPLIT_MIN_TOKENS
-    threads = torch.get_num_threads()
-    results, seen = [], []
-    original = encoder._encode
-    monkeypatch.setattr(encoder, "_encode", lambda *a: seen.append(a[3:5]) or original(*a))
-    try:
-        for n in (1, 2):
-            torch.set_num_threads(n)
-            results.append(encode(fused, [source]))
-    finally:
-        torch.set_num_threads(threads)
+    results, seen = on_one_then_two_threads(fused, [source], monkeypatch)
     assert sorted(seen) == [(), (0, 2), (1, 2)]  # alone on one thread, then two parts
     assert torch.equal(results[0][0], results[1][0])
 
