@@ -152,15 +152,15 @@ class FusedEncoder:
         kv = torch.empty(x.shape[0], self.arrays["w_kv"].shape[0])
         out = kv.numpy()
         threads = torch.get_num_threads()
-        runs = split(lengths, threads) if x.shape[0] >= SPLIT_MIN_TOKENS else []
+        runs = split(lengths, threads if x.shape[0] >= SPLIT_MIN_TOKENS else 1)
         # too few tokens to cut by sentences, or too few sentences (one long one alone went on one thread: 5 ms
-        # where its parts take about half): by products
+        # where its parts take about half, ad hoc): by products
         if threads > 1 and len(runs) < threads:
             flags, shared = np.zeros(threads + 1, np.int64), self._shared(x.shape[0])
             at_once([functools.partial(self._encode, xs, out, (0, lengths), part, threads, flags, shared)
                      for part in range(threads)])
             return kv
-        at_once([functools.partial(self._encode, xs, out, run) for run in runs or [(0, lengths)]])  # the runs at once
+        at_once([functools.partial(self._encode, xs, out, run) for run in runs])  # the runs at once
         return kv
 
     def _encode(self, x: np.ndarray, out: np.ndarray, run: tuple[int, list[int]], part: int = 0, parts: int = 1,

@@ -522,7 +522,7 @@ def _panel_rows(x, w, scale, bias, act, y, j0, j1):  # type: ignore[no-untyped-d
     zero = np.float32(0.0)
     # ReLU or none in the loop itself, and every loop over views from index 0, so that the loops vectorise: indexed
     # from j0, which numba cannot tell is not negative, each access carried its wrap-around test and the loop stayed
-    # scalar (6.5 times as long: 15.6 us against 2.4 at 4 rows of 8,000 outputs, the same numbers)
+    # scalar (6.5 times as long: 15.6 us against 2.4 at 4 rows of 8,000 outputs, ad hoc; the same numbers)
     s, b = scale[j0:j1], bias[j0:j1]
     for r in range(B):
         out = y[r, j0:j1]
@@ -899,7 +899,7 @@ def _attend_heads(q, k, v, n, out, weights, h0, h1):  # type: ignore[no-untyped-
     p = np.empty(n, np.float32)
     o = np.empty(Dh, np.float32)
     for h in range(H):  # from 0, not h0: an index numba cannot tell is not negative kept the loops scalar (2.1x as
-        if h < h0 or h >= h1:  # long at 18 tokens, the same numbers; `_panel_rows`' epilogue)
+        if h < h0 or h >= h1:  # long at 18 tokens, ad hoc; the same numbers; `_panel_rows`' epilogue)
             continue
         top = -np.inf
         for t in range(n):
