@@ -1,12 +1,13 @@
-"""`tolk data distill`: WordNet's examples read from the package's own file format, held-out sentences kept out,
-translations resumed rather than redone, and the pairs cleaned as the corpus's are."""
+"""`tolk data distill`: WordNet's examples and definitions and fortune-mod's cookies read from the packages' own file
+formats, held-out sentences kept out, translations resumed rather than redone, and the pairs cleaned as the corpus's
+are, in either direction."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
 from model.data import distill
-from model.data.sources import wordnet_examples
+from model.data.sources import fortunes, wordnet_examples
 
 # Lines as `data.verb` of wordnet-base writes them: a licence header indented by two spaces, then one synset a
 # line, its gloss after the bar with the examples quoted.
@@ -40,7 +41,7 @@ def test_held_out_sentences_are_not_translated(tmp_path: Path) -> None:
     everyday = tmp_path / "everyday.en"
     everyday.write_text("i forgot my KEYS at home\nThe weather is nice today.\n", encoding="utf-8")
     held = distill.held_out_keys([everyday, tmp_path / "missing.en"])
-    sentences, dropped = distill.sentences_to_translate(make_wordnet(tmp_path / "wn"), held)
+    sentences, dropped = distill.sentences_to_translate(wordnet_examples.examples(make_wordnet(tmp_path / "wn")), held)
     assert dropped == 1
     assert "I forgot my keys at home." not in sentences and len(sentences) == 5
 
@@ -69,6 +70,54 @@ def test_pairs_are_cleaned_as_the_corpus_is() -> None:
             "This archaebacterium respires": "This archaebacterium respires",  # the teacher gave up: untranslated
             "she napped after lunch": "ela cochilou depois do almoço"}
     kept, rejected = distill.clean_pairs(sentences, done)
-    assert kept == [("The patient is breathing", "O paciente está respirando"),
-                    ("she napped after lunch", "ela cochilou depois do almoço")]
+    assert [(p.en, p.pt, p.source) for p in kept] == [
+        ("The patient is breathing", "O paciente está respirando", "wordnet"),
+        ("she napped after lunch", "ela cochilou depois do almoço", "wordnet")]
     assert rejected == {"identical": 1}
+
+
+def test_portuguese_sources_are_the_portuguese_side_of_their_pairs() -> None:
+    done = {"Eu esqueci minhas chaves em casa.": "I forgot my keys at home."}
+    kept, _ = distill.clean_pairs(list(done), done, distill.SOURCES["fortunes-br"])
+    assert [(p.en, p.pt) for p in kept] == [("I forgot my keys at home.", "Eu esqueci minhas chaves em casa.")]
+    assert distill.SOURCES["fortunes-br"].pair == "pt-en" and distill.SOURCES["fortunes"].pair == "en-pt"
+
+
+def test_definitions_are_the_glosses_before_their_examples() -> None:
+    lines = DATA_VERB.splitlines()
+    assert wordnet_examples.gloss_definitions(lines[0]) == []  # the licence header
+    assert wordnet_examples.gloss_definitions(lines[1]) == ["draw air"]
+    assert wordnet_examples.gloss_definitions(
+        "00002 03 n 01 milk 0 | a white nutritious liquid secreted by mammals; dairy milk; \"milk is good\"") == [
+        "a white nutritious liquid secreted by mammals", "dairy milk"]
+
+
+# A cookie file as fortune-mod's packages write it: fortunes between lines of one %, attributions after "--",
+# verse and dialogue indented.
+COOKIES = """\
+The weather is nice today.  Let's go to the beach!
+		-- Someone, somewhere
+%
+Never put off till tomorrow what you can do the day after tomorrow.
+It saves a whole day.
+%
+Roses are red,
+	violets are blue.
+%
+#include <stdio.h> is not a sentence.
+%
+Q:	Why did the chicken cross the road?
+A:	To get to the other side.
+%
+"""
+
+
+def test_fortunes_are_cut_into_their_prose_sentences(tmp_path: Path) -> None:
+    data = tmp_path / fortunes.DATA_ROOT
+    data.mkdir(parents=True)
+    (data / "wisdom").write_text(COOKIES + "The weather is nice today.\n", encoding="utf-8")
+    (data / "wisdom.dat").write_bytes(b"\x00\x02")  # the index beside each file
+    (data / "ascii-art").write_text("Pictures are not sentences here.\n", encoding="utf-8")
+    assert list(fortunes.sentences(tmp_path)) == [
+        "The weather is nice today.", "Let's go to the beach!",
+        "Never put off till tomorrow what you can do the day after tomorrow.", "It saves a whole day."]

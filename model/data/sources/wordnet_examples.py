@@ -46,3 +46,24 @@ def examples(root: Path) -> Iterator[str]:
                     if usable(example) and example not in seen:
                         seen.add(example)
                         yield example
+
+
+def gloss_definitions(line: str) -> list[str]:
+    """The definitions of one `data.*` line: its gloss before the first quoted example, split at semicolons."""
+    if line.startswith(" ") or "|" not in line:
+        return []
+    gloss = line.split("|", 1)[1].split('"', 1)[0]
+    return [d for d in (collapse_ws(part).strip(" ;") for part in gloss.split(";")) if d]
+
+
+def definitions(root: Path) -> Iterator[str]:
+    """Each usable definition once, in file order ("a white nutritious liquid secreted by mammals and used as food
+    by human beings"): about 120,000 descriptive phrases, the whole dictionary's vocabulary."""
+    seen: set[str] = set()
+    for name in DATA_FILES:
+        with (root / DATA_ROOT / name).open(encoding="utf-8", errors="replace") as f:
+            for line in f:
+                for definition in gloss_definitions(line):
+                    if usable(definition) and definition not in seen:
+                        seen.add(definition)
+                        yield definition
