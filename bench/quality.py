@@ -14,9 +14,7 @@ import time
 from dataclasses import asdict
 from pathlib import Path
 
-import torch
-
-from model import checkpoint
+from model import checkpoint  # torch after model: model/__init__.py sets OpenMP's spin only before torch loads
 from model.evaluate import score, translate_lines
 
 
@@ -64,6 +62,8 @@ def main() -> None:
     p.add_argument("--limit", type=int, default=0)
     p.add_argument("--out", type=Path, default=Path("bench/results/quality.json"))
     args = p.parse_args()
+    import torch  # loaded by now, after model
+
     torch.set_num_threads(args.threads)
     src = args.src.read_text(encoding="utf-8").splitlines()
     ref = args.ref.read_text(encoding="utf-8").splitlines()

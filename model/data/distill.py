@@ -9,7 +9,7 @@ train-only addition. Sources (`--sources`, default `wordnet`):
     wordnet          WordNet 3.0's usage examples (about 42,000 everyday sentences and phrases), English
     wordnet-glosses  WordNet 3.0's definitions (about 122,000 descriptive phrases), English
     fortunes         fortune-mod's English cookie files (about 15,000 sentences of quotations and jokes)
-    fortunes-br      fortune-mod's Brazilian Portuguese cookie file, translated to English by the pt-en model
+    fortunes-br      fortune-mod's Brazilian Portuguese cookie file (about 1,000 sentences), into English
 
 Output (`--out`, default data/distill):
 
