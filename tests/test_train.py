@@ -9,9 +9,11 @@ from pathlib import Path
 
 import pytest
 import torch
+import torch.nn.functional as F
 from safetensors import safe_open
 
 from model import checkpoint, evaluate, train
+from model.buckets import make_batches
 from model.search import greedy
 from model.transformer import Transformer
 from tests.tiny import corpus_lines
@@ -139,3 +141,39 @@ def test_a_run_starts_from_an_exported_model(tiny_model_dir: Path, tmp_path: Pat
     with pytest.raises(ValueError, match="architecture differs"):
         train.main(train_args(*common, "--run", str(tmp_path / "third"), "--arch", "small", "--init",
                               str(tmp_path / "model"), "--max-steps", "1"))
+
+
+def test_bfloat16_autocast_gives_the_float32_loss_and_gradient(tiny_model_dir: Path, tmp_path: Path) -> None:
+    """--autocast bfloat16 runs the forward pass in bfloat16 (its loss is not float32's bit for bit) and trains the
+    same model: the loss within bfloat16's rounding of float32's, the gradient pointing the same way."""
+    import sentencepiece as spm
+
+    corpus, spm_path = write_corpus(tmp_path / "corpus"), tiny_model_dir / "source.spm"
+    sp = spm.SentencePieceProcessor(model_file=str(spm_path))
+    results = {}
+    for choice in ("off", "bfloat16"):
+        args = train_args("--corpus", str(corpus), "--run", str(tmp_path / choice), "--arch", "tiny", "--device",
+                          "cpu", "--autocast", choice, "--dropout", "0")
+        args.run.mkdir()
+        torch.manual_seed(0)
+        trainer = train.Trainer(args, train.build_config(args, sp.get_piece_size()), sp, spm_path, ("en", "pt"))
+        ids = make_batches(trainer.src, trainer.tgt, 512, 128, 0)[0]
+        loss, _ = trainer.loss(ids)
+        loss.backward()
+        grad = torch.cat([p.grad.flatten() for p in trainer.model.parameters() if p.grad is not None])
+        results[choice] = (float(loss.detach()), grad)
+    (loss32, grad32), (loss16, grad16) = results["off"], results["bfloat16"]
+    assert loss16 != loss32
+    assert loss16 == pytest.approx(loss32, rel=2e-2)
+    assert float(F.cosine_similarity(grad16, grad32, dim=0)) > 0.99
+
+
+def test_autocast_auto_is_off_where_bfloat16_would_be_emulated(monkeypatch: pytest.MonkeyPatch) -> None:
+    cpu = torch.device("cpu")
+    for name in ("_is_avx512_bf16_supported", "_is_amx_tile_supported"):
+        monkeypatch.setattr(torch.cpu, name, lambda: False, raising=False)
+    assert train.autocast_dtype("auto", cpu) is None
+    assert train.autocast_dtype("bfloat16", cpu) is torch.bfloat16  # asked for: done, if slowly
+    monkeypatch.setattr(torch.cpu, "_is_avx512_bf16_supported", lambda: True, raising=False)
+    assert train.autocast_dtype("auto", cpu) is torch.bfloat16
+    assert train.autocast_dtype("off", cpu) is None

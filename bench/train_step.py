@@ -1,0 +1,93 @@
+"""Training steps of `tolk train` with bfloat16 autocast against float32, paired, in turns. Never run by the tests.
+
+Each round times the same real micro-batches (the corpus's own token-bucketed batches, `model.buckets`) through
+forward, backward and AdamW, once per mode, the order alternating between rounds; the report is each mode's median
+seconds per micro-batch, tokens per second and the median of the rounds' ratios. Prints a table, writes JSON.
+
+    python bench/train_step.py [--corpus data/corpus] [--model weights/en-pt] [--threads 1] [--rounds 5] [-n 6]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from model import checkpoint  # noqa: E402  (model before torch: OpenMP's spin setting)
+from model.buckets import collate, make_batches  # noqa: E402
+from model.transformer import Transformer  # noqa: E402
+from model.vocab import encode_file  # noqa: E402
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--corpus", type=Path, default=ROOT / "data/corpus")
+    p.add_argument("--model", type=Path, default=ROOT / "weights/en-pt", help="geometry, vocabulary and weights")
+    p.add_argument("--threads", type=int, default=1)
+    p.add_argument("--rounds", type=int, default=5)
+    p.add_argument("-n", type=int, default=6, help="micro-batches timed per mode and round")
+    p.add_argument("--max-tokens", type=int, default=4096)
+    p.add_argument("--out", type=Path, default=ROOT / "bench/results/train-step-autocast.json")
+    args = p.parse_args()
+    import sentencepiece as spm
+    import torch
+    import torch.nn.functional as F
+    from int8_products import cpu_flags
+
+    torch.set_num_threads(args.threads)
+    cfg = checkpoint.read_meta(args.model).cfg
+    net = Transformer(cfg)
+    checkpoint.read_weights(net, args.model / "model.safetensors")
+    net.train()
+    opt = torch.optim.AdamW(net.parameters(), lr=1e-5, betas=(0.9, 0.98), eps=1e-9)
+    sp = spm.SentencePieceProcessor(model_file=str(args.model / "source.spm"))
+    cache = Path("/tmp/tolk-train-step")
+    cache.mkdir(exist_ok=True)
+    src = encode_file(sp, args.corpus / "train.en", cache / "train.en.npz")
+    tgt = encode_file(sp, args.corpus / "train.pt", cache / "train.pt.npz")
+    batches = [collate(ids, src, tgt, cfg.pad_id, cfg.decoder_start_id)
+               for ids in make_batches(src, tgt, args.max_tokens, 128, 1)[: args.n]]
+    tokens = sum(int((s != 0).sum() + (y != 0).sum()) for s, _, y in batches)
+
+    def run(mode: str) -> float:
+        start = time.perf_counter()
+        for s, t, y in batches:
+            opt.zero_grad(set_to_none=True)
+            with torch.autocast("cpu", dtype=torch.bfloat16, enabled=mode == "bfloat16"):
+                logits = net(s, t)
+            F.cross_entropy(logits.float().transpose(1, 2), y, ignore_index=cfg.pad_id, label_smoothing=0.1).backward()
+            opt.step()
+        return (time.perf_counter() - start) / len(batches)
+
+    modes = ("float32", "bfloat16")
+    for mode in modes:
+        run(mode)  # warm-up: oneDNN's kernels for these shapes
+    times: dict[str, list[float]] = {m: [] for m in modes}
+    for r in range(args.rounds):
+        for mode in modes if r % 2 == 0 else modes[::-1]:
+            times[mode].append(run(mode))
+    ratios = [a / b for a, b in zip(times["float32"], times["bfloat16"], strict=True)]
+    per_batch = tokens / len(batches)
+    rows = [{"mode": m, "seconds_per_micro_batch": statistics.median(times[m]),
+             "tokens_per_s": per_batch / statistics.median(times[m]), "rounds": times[m]} for m in modes]
+    print(f"{args.model.name} geometry, {len(batches)} real micro-batches of about {per_batch:.0f} source + target "
+          f"tokens, {args.threads} thread(s), {args.rounds} rounds")
+    print(f"{'mode':10} {'s/micro-batch':>14} {'tokens/s':>9}")
+    for row in rows:
+        print(f"{row['mode']:10} {row['seconds_per_micro_batch']:14.3f} {row['tokens_per_s']:9.0f}")
+    print(f"bfloat16 speed-up, median of the rounds' ratios: {statistics.median(ratios):.2f}x")
+    result = {"model": str(args.model.name), "threads": args.threads, "micro_batches": len(batches),
+              "tokens_per_micro_batch": per_batch, "rows": rows, "speedup_median": statistics.median(ratios),
+              "ratios": ratios, "cpu_flags": cpu_flags(), "torch": torch.__version__}
+    args.out.write_text(json.dumps(result, indent=2) + "\n")
+    print(f"wrote {args.out}")
+
+
+if __name__ == "__main__":
+    main()
