@@ -8,6 +8,7 @@ from pathlib import Path
 
 from model.data import distill
 from model.data.sources import fortunes, wordnet_examples
+from model.data.variety import european_form
 
 # Lines as `data.verb` of wordnet-base writes them: a licence header indented by two spaces, then one synset a
 # line, its gloss after the bar with the examples quoted.
@@ -74,6 +75,23 @@ def test_pairs_are_cleaned_as_the_corpus_is() -> None:
         ("The patient is breathing", "O paciente está respirando", "wordnet"),
         ("she napped after lunch", "ela cochilou depois do almoço", "wordnet")]
     assert rejected == {"identical": 1}
+
+
+def test_the_teachers_european_portuguese_is_left_out() -> None:
+    """The en-pt teacher writes both varieties; Portugal's words, spellings and progressive leave, Brazil's stay,
+    and a human Portuguese source is not second-guessed."""
+    done = {"The train was late.": "O comboio atrasou-se.",
+            "It has been raining all day.": "Tem estado a chover o dia todo.",
+            "He is aware of everything.": "Ele está a par de tudo.",  # "a par": not an infinitive
+            "In fact, it was a great match.": "De facto, foi um grande jogo.",
+            "We had breakfast at eight.": "Tomamos café da manhã às oito."}
+    kept, rejected = distill.clean_pairs(list(done), done)
+    assert [p.en for p in kept] == ["He is aware of everything.", "We had breakfast at eight."]
+    assert rejected == {"european": 3}
+    human = {"Ela está a chegar.": "She is arriving."}  # a pt source: its Portuguese is the human side
+    kept, rejected = distill.clean_pairs(list(human), human, distill.SOURCES["fortunes-br"])
+    assert len(kept) == 1 and rejected == {}
+    assert european_form("O bebé dorme no sofá.") == "bebé" and european_form("O bebê dorme no sofá.") is None
 
 
 def test_portuguese_sources_are_the_portuguese_side_of_their_pairs() -> None:

