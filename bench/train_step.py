@@ -1,8 +1,9 @@
 """Training steps of `tolk train` with bfloat16 autocast against float32, paired, in turns. Never run by the tests.
 
 Each round times the same real micro-batches (the corpus's own token-bucketed batches, `model.buckets`) through
-forward, backward and AdamW, once per mode, the order alternating between rounds; the report is each mode's median
-seconds per micro-batch, tokens per second and the median of the rounds' ratios. Prints a table, writes JSON.
+`tolk train`'s own step (`model.train.Trainer.loss`, backward, AdamW), once per mode, the order alternating between
+rounds; the report is each mode's median seconds per micro-batch, tokens per second and the median of the rounds'
+ratios. Prints a table, writes JSON.
 
     python bench/train_step.py [--corpus data/corpus] [--model weights/en-pt] [--threads 1] [--rounds 5] [-n 6]
 """
@@ -14,15 +15,14 @@ import json
 import statistics
 import sys
 import time
+from dataclasses import replace
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from model import checkpoint  # noqa: E402  (model before torch: OpenMP's spin setting)
-from model.buckets import collate, make_batches  # noqa: E402
-from model.transformer import Transformer  # noqa: E402
-from model.vocab import encode_file  # noqa: E402
+from model import checkpoint, train  # noqa: E402  (model before torch: OpenMP's spin setting)
+from model.buckets import make_batches  # noqa: E402
 
 
 def main() -> None:
@@ -37,41 +37,42 @@ def main() -> None:
     args = p.parse_args()
     import sentencepiece as spm
     import torch
-    import torch.nn.functional as F
     from int8_products import cpu_flags
 
     torch.set_num_threads(args.threads)
-    cfg = checkpoint.read_meta(args.model).cfg
-    net = Transformer(cfg)
-    checkpoint.read_weights(net, args.model / "model.safetensors")
-    net.train()
-    opt = torch.optim.AdamW(net.parameters(), lr=1e-5, betas=(0.9, 0.98), eps=1e-9)
-    sp = spm.SentencePieceProcessor(model_file=str(args.model / "source.spm"))
-    cache = Path("/tmp/tolk-train-step")
-    cache.mkdir(exist_ok=True)
-    src = encode_file(sp, args.corpus / "train.en", cache / "train.en.npz")
-    tgt = encode_file(sp, args.corpus / "train.pt", cache / "train.pt.npz")
-    batches = [collate(ids, src, tgt, cfg.pad_id, cfg.decoder_start_id)
-               for ids in make_batches(src, tgt, args.max_tokens, 128, 1)[: args.n]]
-    tokens = sum(int((s != 0).sum() + (y != 0).sum()) for s, _, y in batches)
+    # `tolk train`'s own Trainer, started from the model's weights (its run folder caches the encoded corpus only)
+    spm_path = args.model / "source.spm"
+    run = Path("/tmp/tolk-train-step")
+    run.mkdir(exist_ok=True)
+    parser = argparse.ArgumentParser()
+    train.add_arguments(parser)
+    targs = parser.parse_args(["--corpus", str(args.corpus), "--run", str(run), "--init", str(args.model),
+                               "--device", "cpu", "--threads", str(args.threads)])
+    cfg = replace(checkpoint.read_meta(args.model).cfg, dropout=targs.dropout)  # training's dropout, as a run has
+    trainer = train.Trainer(targs, cfg, spm.SentencePieceProcessor(model_file=str(spm_path)), spm_path, ("en", "pt"))
+    trainer.model.train()
+    batches = make_batches(trainer.src, trainer.tgt, args.max_tokens, targs.max_len, 1)[: args.n]
+    tokens = 0
 
-    def run(mode: str) -> float:
-        start = time.perf_counter()
-        for s, t, y in batches:
-            opt.zero_grad(set_to_none=True)
-            with torch.autocast("cpu", dtype=torch.bfloat16, enabled=mode == "bfloat16"):
-                logits = net(s, t)
-            F.cross_entropy(logits.float().transpose(1, 2), y, ignore_index=cfg.pad_id, label_smoothing=0.1).backward()
-            opt.step()
+    def run_mode(mode: str) -> float:
+        nonlocal tokens
+        trainer.autocast = torch.bfloat16 if mode == "bfloat16" else None
+        start, tokens = time.perf_counter(), 0
+        for ids in batches:
+            trainer.opt.zero_grad(set_to_none=True)
+            loss, n = trainer.loss(ids)
+            loss.backward()
+            trainer.opt.step()
+            tokens += n
         return (time.perf_counter() - start) / len(batches)
 
     modes = ("float32", "bfloat16")
     for mode in modes:
-        run(mode)  # warm-up: oneDNN's kernels for these shapes
+        run_mode(mode)  # warm-up: oneDNN's kernels for these shapes
     times: dict[str, list[float]] = {m: [] for m in modes}
     for r in range(args.rounds):
         for mode in modes if r % 2 == 0 else modes[::-1]:
-            times[mode].append(run(mode))
+            times[mode].append(run_mode(mode))
     ratios = [a / b for a, b in zip(times["float32"], times["bfloat16"], strict=True)]
     per_batch = tokens / len(batches)
     rows = [{"mode": m, "seconds_per_micro_batch": statistics.median(times[m]),
