@@ -1,13 +1,17 @@
-"""`tolk data distill`: WordNet's examples and definitions and fortune-mod's cookies read from the packages' own file
-formats, held-out sentences kept out, translations resumed rather than redone, and the pairs cleaned as the corpus's
-are, in either direction."""
+"""`tolk data distill`: WordNet's examples and definitions, fortune-mod's cookies and Jane Austen's novels read from the
+packages' own file formats, held-out sentences kept out, translations resumed rather than redone, and the pairs
+cleaned as the corpus's are, in either direction."""
 
 from __future__ import annotations
 
+import struct
+import zlib
 from pathlib import Path
 
+import pytest
+
 from model.data import distill
-from model.data.sources import fortunes, wordnet_examples
+from model.data.sources import austen, fortunes, wordnet_examples
 from model.data.variety import european_form
 
 # Lines as `data.verb` of wordnet-base writes them: a licence header indented by two spaces, then one synset a
@@ -139,3 +143,52 @@ def test_fortunes_are_cut_into_their_prose_sentences(tmp_path: Path) -> None:
     assert list(fortunes.sentences(tmp_path)) == [
         "The weather is nice today.", "Let's go to the beach!",
         "Never put off till tomorrow what you can do the day after tomorrow.", "It saves a whole day."]
+
+
+# Two novels as r-cran-janeaustenr holds them: one printed line an element, paragraphs between empty lines,
+# Project Gutenberg's _italics_, titles with a stop inside sentences, dialogue cut by the sentence split.
+PERSUASION = ["Persuasion", "", "", "Chapter 1", "", "Sir Walter Elliot, of Kellynch Hall, in Somersetshire, was a man",
+              "who never took up any book but the Baronetage.", "", '"I do _not_ know where the error lies.',
+              'Mrs. Clay will come with us." She smiled at him.', "", "Finis"]
+EMMA = ["EMMA", "", "By Jane Austen", "", "Mr. Knightley, a sensible man, was a very old and intimate friend.",
+        "It will all end right.", ""]
+
+
+def write_lazyload(data: Path, objects: dict[str, list[str]]) -> None:
+    """R's lazy-load database as R writes it for a package's data, written with rdata's own serializer: each object a
+    4-byte big-endian length and a zlib stream in `Rdata.rdb`, and its offset and length in the RDS `Rdata.rdx`."""
+    rdata = pytest.importorskip("rdata")
+    np = pytest.importorskip("numpy")
+    from rdata.unparser import unparse_data
+
+    data.mkdir(parents=True)
+    blob, variables = b"", {}
+    for name, lines in objects.items():
+        raw = unparse_data(rdata.conversion.convert_python_to_r_data(np.array(lines)))
+        record = struct.pack(">I", len(raw)) + zlib.compress(raw)
+        variables[name] = np.array([len(blob), len(record)], dtype=np.int32)
+        blob += record
+    (data / "Rdata.rdb").write_bytes(blob)
+    rdata.write_rds(data / "Rdata.rdx", {"variables": variables, "references": {}, "compressed": True})
+
+
+def test_austen_novels_are_read_from_the_lazyload_database_and_cut_into_sentences(tmp_path: Path) -> None:
+    write_lazyload(tmp_path / austen.DATA_ROOT, {"persuasion": PERSUASION, "emma": EMMA})
+    assert {name: list(lines) for name, lines in austen.read_lazyload(tmp_path / austen.DATA_ROOT).items()} == {
+        "persuasion": PERSUASION, "emma": EMMA}
+    assert list(austen.sentences(tmp_path)) == [
+        "Mr. Knightley, a sensible man, was a very old and intimate friend.", "It will all end right.",  # emma first
+        "Sir Walter Elliot, of Kellynch Hall, in Somersetshire, was a man who never took up any book but the "
+        "Baronetage.",
+        "I do not know where the error lies.", "Mrs. Clay will come with us.", "She smiled at him."]
+    assert "austen" in distill.SOURCES and distill.SOURCES["austen"].pair == "en-pt"
+
+
+def test_a_damaged_lazyload_record_is_an_error_not_a_short_novel(tmp_path: Path) -> None:
+    data = tmp_path / austen.DATA_ROOT
+    write_lazyload(data, {"emma": EMMA})
+    blob = bytearray((data / "Rdata.rdb").read_bytes())
+    blob[0:4] = struct.pack(">I", struct.unpack(">I", bytes(blob[0:4]))[0] + 1)  # the length no longer matches
+    (data / "Rdata.rdb").write_bytes(bytes(blob))
+    with pytest.raises(ValueError, match="emma"):
+        austen.read_lazyload(data)

@@ -10,6 +10,7 @@ train-only addition. Sources (`--sources`, default `wordnet`):
     wordnet-glosses  WordNet 3.0's definitions (about 122,000 descriptive phrases), English
     fortunes         fortune-mod's English cookie files (about 15,000 sentences of quotations and jokes)
     fortunes-br      fortune-mod's Brazilian Portuguese cookie file (about 1,000 sentences), into English
+    austen           Jane Austen's six novels (about 21,000 sentences of narrative and dialogue), English
 
 Output (`--out`, default data/distill):
 
@@ -39,7 +40,7 @@ from . import apt, build
 from .clean import MAX_TOKENS, normalize
 from .notice import deb_version
 from .pairs import Pair
-from .sources import fortunes, wordnet_examples
+from .sources import austen, fortunes, wordnet_examples
 from .split import source_key
 from .variety import european_form
 
@@ -76,6 +77,8 @@ SOURCES = {s.name: s for s in (
            fortunes.LICENCE_EN, fortunes.sentences),
     Source("fortunes-br", "the sentences of fortune-mod's Brazilian Portuguese cookie file", "pt", ("fortunes-br",),
            fortunes.LICENCE_PT, fortunes.sentences),
+    Source("austen", "the sentences of Jane Austen's six novels", "en", (austen.PACKAGE,), austen.LICENCE,
+           austen.sentences),
 )}
 
 

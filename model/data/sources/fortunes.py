@@ -20,7 +20,7 @@ SKIP = frozenset({"ascii-art", "ethnic", "perl", "translate-me"})  # pictures, s
 LICENCE_EN = "BSD licence (fortune-mod; the cookie files collected by its authors)"
 LICENCE_PT = "GPL-2.0-or-later"
 MIN_WORDS, MAX_WORDS = 3, 40
-_SENTENCE_END = re.compile(r"(?<=[.!?])[\"')]*\s+(?=[\"'(]?[A-ZÀ-Ý])")
+SENTENCE_END = re.compile(r"(?<=[.!?])[\"')]*\s+(?=[\"'(]?[A-ZÀ-Ý])")
 _NOT_PROSE = re.compile(r"[|_<>{}\[\]=#@\\/*~^$]|--|\.\.\.|\s-\s|^[-–—]")
 
 
@@ -56,7 +56,7 @@ def sentences_of(fortune: str) -> list[str]:
     text = "\n".join(prose_lines(fortune))
     out: list[str] = []
     for paragraph in re.split(r"\n\s*\n", text):
-        out.extend(s.strip() for s in _SENTENCE_END.split(collapse_ws(paragraph)) if s.strip())
+        out.extend(s.strip() for s in SENTENCE_END.split(collapse_ws(paragraph)) if s.strip())
     return out
 
 
