@@ -24,18 +24,18 @@ GOLDEN = {
 }
 
 
-# The same sentences back from Portuguese: what the pt-en model wrote when it shipped; beam 4 differs in one (the
-# releases have gone back and forth between the two)
+# The same sentences back from Portuguese: what the pt-en model wrote when it shipped; beam 4 has differed in one
+# ("Could not open file." against "... the file.", the releases going back and forth), and writes the same now
 GOLDEN_PT_EN = {
     "Salvar alterações antes de fechar?": "Save changes before closing?",
-    "Não foi possível abrir o arquivo.": "Could not open file.",
+    "Não foi possível abrir o arquivo.": "Could not open the file.",
     "Você tem certeza de que deseja excluir esta pasta?": "Are you sure you want to delete this folder?",
     "Erro ao ler o arquivo de configuração.": "Error reading configuration file.",
     "Por favor, digite sua senha para continuar.": "Please enter your password to continue.",
     "Este pacote fornece uma ferramenta de linha de comando para converter imagens.":
         "This package provides a command line tool to convert images.",
 }
-GOLDEN_PT_EN_BEAM4 = {**GOLDEN_PT_EN, "Não foi possível abrir o arquivo.": "Could not open the file."}
+GOLDEN_PT_EN_BEAM4 = dict(GOLDEN_PT_EN)
 
 # Inline elements translated with their sentence and put back around the words aligned with theirs (format html)
 GOLDEN_HTML = {
