@@ -14,7 +14,6 @@ in the `.rdb`; each object there is a 4-byte big-endian length and a zlib stream
 
 from __future__ import annotations
 
-import re
 import struct
 import warnings
 import zlib
@@ -30,7 +29,6 @@ DATA_ROOT = "usr/lib/R/site-library/janeaustenr/data"
 LICENCE = "public domain (the texts, from Project Gutenberg); the R package janeaustenr is MIT-licensed"
 # A stop after these is not a sentence's end ("Mr. Darcy", "Mrs. Bennet").
 ABBREVIATIONS = frozenset({"Mr.", "Mrs.", "Messrs.", "Dr.", "St.", "Col.", "Capt.", "Sir.", "Rev."})
-_ITALICS = re.compile(r"_")  # Project Gutenberg writes _emphasis_
 
 
 def _rdata() -> Any:
@@ -63,7 +61,7 @@ def read_lazyload(data: Path, stem: str = "Rdata") -> dict[str, Any]:
 def sentences_of(paragraph: str) -> list[str]:
     """A paragraph's sentences: cut after `.`, `!` or `?` as the fortunes are, joined again after a title
     (`ABBREVIATIONS`); italics marks dropped, and a double quote left open or closed by the cut removed."""
-    parts = SENTENCE_END.split(collapse_ws(_ITALICS.sub("", paragraph)))
+    parts = SENTENCE_END.split(collapse_ws(paragraph.replace("_", "")))  # Project Gutenberg writes _emphasis_
     out: list[str] = []
     for part in (p.strip() for p in parts if p.strip()):
         if out and out[-1].rsplit(" ", 1)[-1].lstrip("\"'(") in ABBREVIATIONS:
