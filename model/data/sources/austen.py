@@ -58,13 +58,13 @@ def read_lazyload(data: Path, stem: str = "Rdata") -> dict[str, Any]:
     return out
 
 
-def sentences_of(paragraph: str) -> list[str]:
+def sentences_of(paragraph: str, abbreviations: frozenset[str] = ABBREVIATIONS) -> list[str]:
     """A paragraph's sentences: cut after `.`, `!` or `?` as the fortunes are, joined again after a title
-    (`ABBREVIATIONS`); italics marks dropped, and a double quote left open or closed by the cut removed."""
+    (`abbreviations`); italics marks dropped, and a double quote left open or closed by the cut removed."""
     parts = SENTENCE_END.split(collapse_ws(paragraph.replace("_", "")))  # Project Gutenberg writes _emphasis_
     out: list[str] = []
     for part in (p.strip() for p in parts if p.strip()):
-        if out and out[-1].rsplit(" ", 1)[-1].lstrip("\"'(") in ABBREVIATIONS:
+        if out and out[-1].rsplit(" ", 1)[-1].lstrip("\"'(") in abbreviations:
             out[-1] = f"{out[-1]} {part}"
         else:
             out.append(part)
