@@ -84,8 +84,13 @@ def main() -> None:
     print(f"\n{'system':<52}{'BLEU':>7}{'chrF':>7}{'sent/s':>9}")
     for r in rows:
         print(f"{r['system']:<52}{r['bleu']:>7}{r['chrf']:>7}{r['sentences_per_s']:>9}")
+    from engines import cpu_name  # bench/, beside this script; after model and torch (see the imports above)
+    from int8_products import cpu_flags
+
     args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps({"test_sentences": len(src), "rows": rows}, indent=2) + "\n")
+    # the scores do not depend on the machine, the sentences/s do: name it
+    machine = {"cpu": cpu_name(), "cpu_flags": cpu_flags(), "threads": args.threads}
+    args.out.write_text(json.dumps({"test_sentences": len(src), **machine, "rows": rows}, indent=2) + "\n")
 
 
 if __name__ == "__main__":
