@@ -270,7 +270,28 @@ def test_quantized_weights_are_read_as_ctranslate2_reads_them(tiny_model_dir: Pa
     out = import_ct2(ct2_dir, tmp_path / "tolk", INFO)
     lines = corpus_lines(40, seed=11)
     ours, theirs = translations(out, ct2_dir, 1, lines, compute_type="float32")
-    assert ours == theirs
+    # Two float32 engines sum in different orders (and CPUs): a greedy choice between two pieces that CTranslate2
+    # itself scores within a rounding error of each other may go either way. Any other difference is a wrong weight.
+    ties = [gap for gap in first_step_gaps(ct2_dir, lines, ours, theirs) if gap > 0]
+    assert all(gap < 1e-3 for gap in ties), ties
+    assert len(ties) <= 2, f"{len(ties)} of {len(lines)} lines part ways"
+
+
+def first_step_gaps(ct2_dir: Path, lines: list[str], ours: list[Any], theirs: list[Any]) -> list[float]:
+    """For each line, 0 when both engines chose the same pieces, else how far apart CTranslate2's float32 log
+    probabilities of the two pieces are at the first step where the choices part."""
+    translator = ctranslate2.Translator(str(ct2_dir), device="cpu", compute_type="float32")
+    tok = checkpoint.load(ct2_dir.parent / "tolk", device="cpu").tokenizer
+    gaps = []
+    for line, a, b in zip(lines, ours, theirs, strict=True):
+        if a == b:
+            gaps.append(0.0)
+            continue
+        step = next((i for i, (x, y) in enumerate(zip(a, b, strict=False)) if x != y), min(len(a), len(b)))
+        source = [tok.source.encode(line, out_type=str)] * 2
+        scored = translator.score_batch(source, [a, b])
+        gaps.append(abs(scored[0].log_probs[step] - scored[1].log_probs[step]))
+    return gaps
 
 
 @pytest.mark.parametrize("quantization", ["int8_float16", "bfloat16"])
