@@ -6,6 +6,7 @@ autocast where the hardware computes it natively (CUDA; CPUs with AVX-512 BF16 o
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import logging
 import math
@@ -19,6 +20,7 @@ import sentencepiece as spm
 import torch
 import torch.nn.functional as F
 from safetensors.torch import load_file, save_file
+from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from model import checkpoint
 from model.buckets import collate, make_batches
@@ -228,6 +230,12 @@ def init_weights(model: Transformer, directory: Path, spm_path: Path) -> None:
     log.info("started from the weights of %s", directory)
 
 
+def training_attention(device: torch.device) -> contextlib.AbstractContextManager[None]:
+    """The attention kernels a training step's forward pass (and so its backward) uses: on the CPU, the math
+    path; elsewhere PyTorch's own choice."""
+    return sdpa_kernel(SDPBackend.MATH) if device.type == "cpu" else contextlib.nullcontext()
+
+
 class Trainer:
     """The training loop's state: model, optimizer, position in the data; saved and restored whole."""
 
@@ -269,14 +277,22 @@ class Trainer:
         save_snapshot(self.args.run, self.model, self.step, self.args.average)
 
     def loss(self, ids: list[int]) -> tuple[torch.Tensor, int]:
+        """The label-smoothed cross-entropy of one micro-batch, averaged over its real target tokens, and the
+        batch's real source + target token count.
+
+        Only the real target positions are projected onto the vocabulary (the padding's logits would be ignored),
+        as one contiguous (tokens, vocabulary) block; on the CPU the attention runs as plain matrix products and a
+        softmax, whose backward pass is several times cheaper than the fused CPU kernel's (`bench/train_step.py`)."""
         batch = collate(ids, self.src, self.tgt, self.cfg.pad_id, self.cfg.decoder_start_id)
         src, tgt_in, labels = (t.to(self.device) for t in batch)
+        real = labels != self.cfg.pad_id
         enabled = self.autocast is not None
-        with torch.autocast(self.device.type, dtype=self.autocast or torch.bfloat16, enabled=enabled):
-            logits = self.model(src, tgt_in)
-        loss = F.cross_entropy(logits.float().transpose(1, 2), labels, ignore_index=self.cfg.pad_id,
-                               label_smoothing=self.args.label_smoothing)
-        return loss, int((src != 0).sum() + (labels != 0).sum())
+        with (torch.autocast(self.device.type, dtype=self.autocast or torch.bfloat16, enabled=enabled),
+              training_attention(self.device)):
+            memory, src_mask = self.model.encode(src)
+            logits = self.model.logits(self.model.decode_states(tgt_in, memory, src_mask)[real])
+        loss = F.cross_entropy(logits.float(), labels[real], label_smoothing=self.args.label_smoothing)
+        return loss, int((src != self.cfg.pad_id).sum() + real.sum())
 
     def log_progress(self, log_file: TextIO, bar: Any, loss: float, rate: float) -> None:
         bar.set_postfix(loss=f"{loss:.3f}", tok_s=f"{rate:.0f}", epoch=self.epoch)

@@ -65,14 +65,19 @@ class Transformer(nn.Module):
             x = layer(x, attn_mask)
         return self.encoder_norm(x), src_mask
 
-    def decode_full(self, tgt_in: Tensor, memory: Tensor, src_mask: Tensor) -> Tensor:
-        """Decoder over whole target prefixes (B, T) at once -> logits (B, T, V). Training and reference."""
+    def decode_states(self, tgt_in: Tensor, memory: Tensor, src_mask: Tensor) -> Tensor:
+        """The last decoder layer's output (B, T, D) over whole target prefixes (B, T) at once, before the final
+        norm and the output projection (`logits`)."""
         T = tgt_in.shape[1]
         x = self.embed(self.tgt_embed, tgt_in, torch.arange(T, device=tgt_in.device))
         cross_mask = src_mask[:, None, None, :]
         for layer in self.decoder:
             x = layer(x, memory, cross_mask)
-        return self.logits(x)
+        return x
+
+    def decode_full(self, tgt_in: Tensor, memory: Tensor, src_mask: Tensor) -> Tensor:
+        """Decoder over whole target prefixes (B, T) at once -> logits (B, T, V). Training and reference."""
+        return self.logits(self.decode_states(tgt_in, memory, src_mask))
 
     def forward(self, src: Tensor, tgt_in: Tensor) -> Tensor:
         """Teacher-forced logits (B, T, V) for source src (B, S) and target input tgt_in (B, T)."""

@@ -177,3 +177,60 @@ def test_autocast_auto_is_off_where_bfloat16_would_be_emulated(monkeypatch: pyte
     monkeypatch.setattr(torch.cpu, "_is_avx512_bf16_supported", lambda: True, raising=False)
     assert train.autocast_dtype("auto", cpu) is torch.bfloat16
     assert train.autocast_dtype("off", cpu) is None
+
+
+def test_the_step_loss_is_the_whole_batch_loss_and_gradient(tiny_model_dir: Path, tmp_path: Path) -> None:
+    """Trainer.loss projects only the real target positions and, on the CPU, runs attention on the math path:
+    in float32 its loss and gradient are those of the plain formulation (all logits, padding ignored by
+    cross_entropy, PyTorch's default attention kernels) on a batch that has padding in both sides."""
+    import sentencepiece as spm
+
+    corpus, spm_path = write_corpus(tmp_path / "corpus"), tiny_model_dir / "source.spm"
+    sp = spm.SentencePieceProcessor(model_file=str(spm_path))
+    args = train_args("--corpus", str(corpus), "--run", str(tmp_path / "run"), "--arch", "tiny", "--device", "cpu",
+                      "--autocast", "off", "--dropout", "0")
+    args.run.mkdir()
+    torch.manual_seed(0)
+    trainer = train.Trainer(args, train.build_config(args, sp.get_piece_size()), sp, spm_path, ("en", "pt"))
+    ids = max(make_batches(trainer.src, trainer.tgt, 512, 128, 0), key=len)
+    src, tgt_in, labels = train.collate(ids, trainer.src, trainer.tgt, 0, trainer.cfg.decoder_start_id)
+    assert (src == 0).any() and (labels == 0).any()  # padding in both, or the check below shows nothing
+
+    def grads() -> torch.Tensor:
+        out = torch.cat([p.grad.flatten() for p in trainer.model.parameters() if p.grad is not None])
+        trainer.model.zero_grad(set_to_none=True)
+        return out
+
+    loss, n = trainer.loss(ids)
+    loss.backward()
+    step_grad = grads()
+    logits = trainer.model(src, tgt_in)
+    plain = F.cross_entropy(logits.transpose(1, 2), labels, ignore_index=0, label_smoothing=args.label_smoothing)
+    plain.backward()
+    torch.testing.assert_close(loss, plain, rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(step_grad, grads(), rtol=1e-4, atol=1e-6)
+    assert n == int((src != 0).sum() + (labels != 0).sum())
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_cpu_dropout_keeps_the_rate_and_the_mean_and_follows_torchs_seed(dtype: torch.dtype) -> None:
+    """layers.Dropout draws its CPU masks with NumPy: each element kept with probability 1 - p and scaled so the
+    mean is unchanged, the gradient masked and scaled alike, the mask decided by torch.manual_seed, and nothing
+    dropped in evaluation."""
+    from model.layers import Dropout
+
+    drop = Dropout(0.1).train()
+    x = torch.full((1000, 1000), 2.0, dtype=dtype, requires_grad=True)
+    torch.manual_seed(5)
+    y = drop(x)
+    kept = y.detach() != 0
+    assert float(kept.float().mean()) == pytest.approx(0.9, abs=2e-3)
+    assert float(y.detach().float().mean()) == pytest.approx(2.0, rel=5e-3)
+    y.backward(torch.ones_like(y))
+    assert x.grad is not None
+    torch.testing.assert_close(x.grad, (y / 2).detach())  # the same mask, the same scale
+    torch.manual_seed(5)
+    assert torch.equal(drop(x), y)
+    torch.manual_seed(6)
+    assert not torch.equal(drop(x), y)
+    assert drop.eval()(x) is x
