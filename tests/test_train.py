@@ -234,3 +234,23 @@ def test_cpu_dropout_keeps_the_rate_and_the_mean_and_follows_torchs_seed(dtype: 
     torch.manual_seed(6)
     assert not torch.equal(drop(x), y)
     assert drop.eval()(x) is x
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_the_row_by_row_loss_is_pytorchs_label_smoothed_cross_entropy(dtype: torch.dtype) -> None:
+    """train.smoothed_cross_entropy against F.cross_entropy on the float32 logits: the same loss and gradient, over
+    a row count that is not a multiple of the rows taken at a time, with and without smoothing."""
+    torch.manual_seed(0)
+    n, v = train.CE_ROWS * 3 + 5, 97
+    labels = torch.randint(0, v, (n,))
+    for eps in (0.0, 0.1):
+        logits = (torch.randn(n, v) * 4).to(dtype).requires_grad_()
+        ours = train.smoothed_cross_entropy(logits, labels, eps)
+        (ours * n).backward()  # the row sum's gradient: each row's own, of order 1
+        assert logits.grad is not None
+        our_grad, logits.grad = logits.grad.clone(), None
+        theirs = F.cross_entropy(logits.float(), labels, label_smoothing=eps)
+        (theirs * n).backward()
+        assert ours.dtype == torch.float32 and our_grad.dtype == dtype
+        torch.testing.assert_close(ours, theirs, rtol=1e-6, atol=1e-6)
+        torch.testing.assert_close(our_grad, logits.grad)
