@@ -109,7 +109,8 @@ def main() -> None:
     rows = [{"mode": m, "seconds_per_micro_batch": statistics.median(times[m]),
              "tokens_per_s": per_batch / statistics.median(times[m]), "rounds": times[m]} for m in modes]
     print(f"{args.model.name} geometry, {len(batches)} real micro-batches of about {per_batch:.0f} source + target "
-          f"tokens, {args.threads} thread(s), {args.rounds} rounds, autocast {trainer.autocast}, {cpu_name()}")
+          f"tokens, {args.threads} thread(s), {args.rounds} rounds, "
+          f"autocast {autocast if args.compare == 'step' else 'per mode'}, {cpu_name()}")
     print(f"{'mode':10} {'s/micro-batch':>14} {'tokens/s':>9}")
     for row in rows:
         print(f"{row['mode']:10} {row['seconds_per_micro_batch']:14.3f} {row['tokens_per_s']:9.0f}")
