@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from model.data import distill
-from model.data.sources import austen, fortunes, wordnet_examples
+from model.data.sources import austen, fortunes, novels, wordnet_examples
 from model.data.variety import european_form
 
 # Lines as `data.verb` of wordnet-base writes them: a licence header indented by two spaces, then one synset a
@@ -182,6 +182,39 @@ def test_austen_novels_are_read_from_the_lazyload_database_and_cut_into_sentence
         "Baronetage.",
         "I do not know where the error lies.", "Mrs. Clay will come with us.", "She smiled at him."]
     assert "austen" in distill.SOURCES and distill.SOURCES["austen"].pair == "en-pt"
+
+
+# tidytext's books as its data frame holds them (one printed line a row, titled), and Moby Dick as tokenizers
+# holds it: one string, Windows line ends, Project Gutenberg's header and licence around the text.
+BOOKS = [("The War of the Worlds", "The War of the Worlds"), ("The War of the Worlds", "by H. G. Wells [1898]"),
+         ("The War of the Worlds", ""), ("The War of the Worlds", "No one would have believed in the last years"),
+         ("The War of the Worlds", "of the nineteenth century that this world was being watched."),
+         ("Pride and Prejudice", "It is a truth universally acknowledged, that a single man must be in want."),
+         ("Twenty Thousand Leagues under the Sea", "M. Aronnax, you are a learned man. Come with me!"),
+         ("Twenty Thousand Leagues under the Sea", None)]
+MOBY_DICK = ("The Project Gutenberg EBook of Moby Dick; or The Whale, by Herman Melville\r\n\r\nThis eBook is for "
+             "the use of anyone anywhere at no cost.\r\n\r\n*** START OF THIS PROJECT GUTENBERG EBOOK MOBY DICK ***"
+             "\r\n\r\nCall me Ishmael. Some years ago, never mind how long\r\nprecisely, I thought I would sail "
+             "about a little.\r\n\r\n*** END OF THIS PROJECT GUTENBERG EBOOK MOBY DICK ***\r\n\r\nYou may "
+             "copy it, give it away or re-use it.\r\n")
+
+
+def test_novels_are_read_from_tidytext_and_tokenizers_without_austen_or_gutenberg_text(tmp_path: Path) -> None:
+    rdata = pytest.importorskip("rdata")
+    pd = pytest.importorskip("pandas")
+    tidytext, tokenizers = tmp_path / "tidytext", tmp_path / "tokenizers"
+    (tidytext / novels.BOOKS).parent.mkdir(parents=True)
+    frame = pd.DataFrame({"gutenberg_id": [36] * len(BOOKS), "text": pd.array([t for _, t in BOOKS], dtype="string"),
+                          "title": [title for title, _ in BOOKS]})
+    rdata.write_rda(tidytext / novels.BOOKS, {"books": frame})
+    write_lazyload(tokenizers / novels.MOBY_DICK, {"mobydick": [MOBY_DICK]})
+    assert list(novels.sentences(tidytext)) == [
+        "No one would have believed in the last years of the nineteenth century that this world was being watched.",
+        "M. Aronnax, you are a learned man.", "Come with me!"]  # in title order; Pride and Prejudice is austen's
+    assert list(novels.sentences(tokenizers)) == ["Call me Ishmael.",
+                                                  "Some years ago, never mind how long precisely, I thought I would "
+                                                  "sail about a little."]
+    assert distill.SOURCES["novels"].packages == (novels.TIDYTEXT, novels.TOKENIZERS)
 
 
 def test_a_damaged_lazyload_record_is_an_error_not_a_short_novel(tmp_path: Path) -> None:

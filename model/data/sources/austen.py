@@ -79,14 +79,15 @@ def _balance_quotes(sentence: str) -> str:
     return sentence[:-1] if sentence.endswith('"') else sentence.replace('"', "")
 
 
-def novel_sentences(lines: list[str]) -> Iterator[str]:
-    """The usable sentences (the fortunes' `usable`) of one novel's lines: paragraphs are separated by empty lines."""
+def novel_sentences(lines: list[str], abbreviations: frozenset[str] = ABBREVIATIONS) -> Iterator[str]:
+    """The usable sentences (the fortunes' `usable`) of one novel's lines: paragraphs are separated by empty lines;
+    a stop after one of `abbreviations` does not end a sentence."""
     paragraph: list[str] = []
     for line in [*lines, ""]:
         if line.strip():
             paragraph.append(line)
             continue
-        for sentence in sentences_of(" ".join(paragraph)):
+        for sentence in sentences_of(" ".join(paragraph), abbreviations):
             if usable(sentence):
                 yield sentence
         paragraph = []
