@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import platform
 from pathlib import Path
 
 import pytest
@@ -254,3 +255,20 @@ def test_the_row_by_row_loss_is_pytorchs_label_smoothed_cross_entropy(dtype: tor
         assert ours.dtype == torch.float32 and our_grad.dtype == dtype
         torch.testing.assert_close(ours, theirs, rtol=1e-6, atol=1e-6)
         torch.testing.assert_close(our_grad, logits.grad)
+
+
+def test_a_cpu_run_gives_freed_memory_back_every_few_steps(tiny_model_dir: Path, tmp_path: Path,
+                                                           monkeypatch: pytest.MonkeyPatch) -> None:
+    calls: list[str] = []
+    monkeypatch.setattr(train, "TRIM_EVERY", 2)
+    monkeypatch.setattr(train, "release_freed_memory", lambda device: calls.append(device.type))
+    corpus, run = write_corpus(tmp_path / "corpus"), tmp_path / "run"
+    spm_path = str(tiny_model_dir / "source.spm")
+    args = train_args("--corpus", str(corpus), "--run", str(run), "--spm", spm_path, "--arch", "tiny",
+                      "--device", "cpu", "--threads", "1", "--max-tokens", "256", "--max-steps", "5",
+                      "--save-every", "100", "--eval-every", "1000")
+    assert train.main(args) == 0
+    assert calls == ["cpu", "cpu"]  # after steps 2 and 4
+    if platform.libc_ver()[0] == "glibc":  # where there is glibc, its malloc_trim is found and runs
+        assert train._malloc_trim() is not None
+        train.release_freed_memory(torch.device("cpu"))
