@@ -7,8 +7,8 @@
 - `r-cran-tokenizers` holds Moby Dick (Melville) as one string (`data/`, R's lazy-load database), Project
   Gutenberg's header and licence included; only the text between its start and end marks is read.
 
-Narrative and dialogue in the first and second person and the past tenses, as Austen's are, in four other voices
-and a century closer to today's English. Paragraphs are cut into sentences as Austen's are, with the titles these
+Narrative and dialogue in the first and second person and the past tenses, as Austen's are, in four other voices,
+written forty to ninety years after hers. Paragraphs are cut into sentences as Austen's are, with the titles these
 books use ("M. Aronnax", "Mr. Pumblechook") and a name's initial ("H. G. Wells") joined again, and the fortunes'
 limits keep those a small model can learn from.
 """
