@@ -54,15 +54,8 @@ def run_mode(args: argparse.Namespace) -> None:
         trainer.model.train()
         batches = make_batches(trainer.src, trainer.tgt, targs.max_tokens, targs.max_len, 3)
         after = [rss_mb()]
-        for step in range(1, args.n + 1):  # `Trainer.run`'s step: micro-batches, clipping, AdamW, the trim
-            trainer.opt.zero_grad(set_to_none=True)
-            for ids in batches[(step - 1) * targs.accum: step * targs.accum]:
-                loss, _ = trainer.loss(ids)
-                (loss / targs.accum).backward()
-            torch.nn.utils.clip_grad_norm_(trainer.model.parameters(), 1.0)
-            trainer.opt.step()
-            if step % train.TRIM_EVERY == 0:
-                train.release_freed_memory(trainer.device)
+        for step in range(1, args.n + 1):  # `Trainer.run`'s own step, the trim included
+            trainer.train_step(batches[(step - 1) * targs.accum: step * targs.accum])
             after.append(rss_mb())
     print(json.dumps({"mode": args.mode, "rss_mb": after}))
 
@@ -79,6 +72,7 @@ def main() -> None:
         run_mode(args)
         return
     from engines import cpu_name
+    from int8_products import cpu_flags
 
     base = [sys.executable, __file__, "--corpus", str(args.corpus), "--model", str(args.model), "-n", str(args.n)]
     procs = {m: subprocess.Popen([*base, "--mode", m], stdout=subprocess.PIPE, text=True) for m in MODES}
@@ -96,6 +90,7 @@ def main() -> None:
     for m in MODES:
         print(f"{m:8} " + " ".join(f"{runs[m][s]:7.0f}" for s in marks) + f" {max(runs[m]):7.0f}")
     result = {"model": args.model.name, "corpus": str(args.corpus.name), "steps": args.n, "cpu": cpu_name(),
+              "cpu_flags": cpu_flags(),
               "trim_every": train.TRIM_EVERY, "rss_mb_after_step": runs}
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(result, indent=1) + "\n")

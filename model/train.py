@@ -374,6 +374,27 @@ class Trainer:
                                    "epoch": self.epoch}) + "\n")
         log_file.flush()
 
+    def train_step(self, micro_batches: list[list[int]]) -> tuple[float, int]:
+        """One optimizer step over these `--accum` micro-batches (gradients accumulated, clipped, AdamW at the scheduled
+        rate); on the CPU every `TRIM_EVERY` steps the allocator's free memory goes back to the system. Returns the
+        step's mean loss and its real token count."""
+        args = self.args
+        for g in self.opt.param_groups:
+            g["lr"] = lr_at(self.step + 1, args.lr, args.warmup)
+        self.opt.zero_grad(set_to_none=True)
+        total, tokens = 0.0, 0
+        for ids in micro_batches:
+            loss, n = self.loss(ids)
+            (loss / args.accum).backward()
+            total += float(loss.detach()) / args.accum
+            tokens += n
+        torch.nn.utils.clip_grad_norm_(self.model.parameters(), 1.0)
+        self.opt.step()
+        self.step += 1
+        if self.step % TRIM_EVERY == 0:
+            release_freed_memory(self.device)
+        return total, tokens
+
     def run(self) -> None:
         from tqdm import tqdm  # training extra
 
@@ -386,25 +407,13 @@ class Trainer:
         while self.step < args.max_steps and time.time() < deadline:
             batches = make_batches(self.src, self.tgt, args.max_tokens, args.max_len, args.seed + self.epoch)
             while self.position + args.accum <= len(batches) and self.step < args.max_steps:
-                for g in self.opt.param_groups:
-                    g["lr"] = lr_at(self.step + 1, args.lr, args.warmup)
-                self.opt.zero_grad(set_to_none=True)
-                total = 0.0
-                for ids in batches[self.position : self.position + args.accum]:
-                    loss, n = self.loss(ids)
-                    (loss / args.accum).backward()
-                    total += float(loss.detach()) / args.accum
-                    tokens += n
-                torch.nn.utils.clip_grad_norm_(self.model.parameters(), 1.0)
-                self.opt.step()
-                self.step += 1
+                total, n = self.train_step(batches[self.position : self.position + args.accum])
+                tokens += n
                 self.position += args.accum
                 bar.update(1)
                 if self.step % 50 == 0:
                     self.log_progress(log_file, bar, total, tokens / (time.perf_counter() - t0))
                     tokens, t0 = 0, time.perf_counter()
-                if self.step % TRIM_EVERY == 0:
-                    release_freed_memory(self.device)
                 if self.step % args.save_every == 0:
                     self.save()
                 if self.step % args.eval_every == 0:

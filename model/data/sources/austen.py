@@ -31,7 +31,7 @@ LICENCE = "public domain (the texts, from Project Gutenberg); the R package jane
 ABBREVIATIONS = frozenset({"Mr.", "Mrs.", "Messrs.", "Dr.", "St.", "Col.", "Capt.", "Sir.", "Rev."})
 
 
-def _rdata() -> Any:
+def rdata_module() -> Any:
     try:
         import rdata
     except ImportError as exc:
@@ -42,7 +42,7 @@ def _rdata() -> Any:
 def read_lazyload(data: Path, stem: str = "Rdata") -> dict[str, Any]:
     """The objects of one R lazy-load database (`<stem>.rdx` and `<stem>.rdb` in `data`), by name, converted to
     Python by `rdata` (a character vector becomes an array of str)."""
-    rdata = _rdata()
+    rdata = rdata_module()
     out: dict[str, Any] = {}
     with warnings.catch_warnings():  # rdata warns that an .rdx is not named .rds and that a record has no magic
         warnings.simplefilter("ignore", UserWarning)

@@ -22,7 +22,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from .austen import ABBREVIATIONS, _rdata, novel_sentences, read_lazyload
+from .austen import ABBREVIATIONS, novel_sentences, rdata_module, read_lazyload
 
 TIDYTEXT = "r-cran-tidytext"
 TOKENIZERS = "r-cran-tokenizers"
@@ -42,7 +42,7 @@ def tidytext_books(path: Path) -> dict[str, list[str]]:
     """Each novel's printed lines, by title, in the file's order (`books.rda` of tidytext)."""
     with warnings.catch_warnings():  # rdata warns that it reads a tibble as a plain data frame
         warnings.simplefilter("ignore", UserWarning)
-        frame: Any = _rdata().read_rda(path)["books"]
+        frame: Any = rdata_module().read_rda(path)["books"]
     books: dict[str, list[str]] = {}
     for title, text in zip(frame["title"], frame["text"], strict=True):
         books.setdefault(str(title), []).append(text if isinstance(text, str) else "")  # R's NA: an empty line
