@@ -30,6 +30,8 @@ RECIPES: list[tuple[tuple[str, ...], str, str, str, str]] = [
     (("data", "build"), "model.data.build", "add_arguments", "main", "build the training corpus"),
     (("data", "distill"), "model.data.distill", "add_arguments", "main",
      "translate WordNet's English examples with the Firefox Translations model: extra training pairs"),
+    (("data", "dictionary"), "model.data.dictionary", "add_arguments", "main",
+     "FreeDict's English-Portuguese and Portuguese-English dictionaries as word pairs for training"),
     (("train",), "model.train", "add_arguments", "main", "train a model"),
     (("eval",), "model.evaluate", "add_arguments", "main", "score a model on a test set"),
     (("import",), "model.argos", "add_import_arguments", "import_main",
