@@ -1,5 +1,5 @@
 """`tolk data dictionary`: FreeDict's dict-server files read as Debian packages them (a base-64 index into a gzip
-file), one pair per sense, explanations and held-out sentences left out, either dictionary's direction."""
+file), one pair per sense; explanations, held-out sentences and Portugal's forms left out; either direction."""
 
 from __future__ import annotations
 
@@ -65,11 +65,11 @@ def test_portuguese_headwords_give_english_portuguese_pairs(tmp_path: Path) -> N
     assert list(dictionary.word_pairs(index, data, "pt")) == [("beach", "praia"), ("fog", "neblina")]
 
 
-def test_pairs_are_kept_once_cleaned_and_held_out_words_dropped() -> None:
+def test_pairs_are_kept_once_cleaned_and_held_out_words_and_portugals_forms_dropped() -> None:
     found = [("beach", "praia", "dict-freedict-eng-por"), ("beach", "praia", "dict-freedict-por-eng"),
              ("radio", "radio", "dict-freedict-eng-por"), ("Open", "abrir", "dict-freedict-eng-por"),
-             ("fog", "neblina", "dict-freedict-por-eng")]
+             ("train", "comboio", "dict-freedict-eng-por"), ("fog", "neblina", "dict-freedict-por-eng")]
     kept, stats = dictionary.dictionary_pairs(found, {source_key("open")})
     assert [(p.en, p.pt, p.package) for p in kept] == [("beach", "praia", "dict-freedict-eng-por"),
                                                         ("fog", "neblina", "dict-freedict-por-eng")]
-    assert stats == {"held_out_dropped": 1, "identical": 1}
+    assert stats == {"held_out_dropped": 1, "identical": 1, "european": 1}

@@ -18,7 +18,9 @@ more than `MAX_WORDS` words) are left out. Human translations, written as traini
 
 Pairs whose words match a held-out sentence (`distill.HELD_OUT`, as `tolk data distill` does; none of today's
 held-out lines is one word, so none did) are dropped, and the rest go through the corpus's cleaning, which takes a word
-spelt the same in both languages for one left untranslated and drops it.
+spelt the same in both languages for one left untranslated and drops it. A Portuguese side in a form used only in
+Portugal ("comboio", "facto", "acção": the English-Portuguese dictionary predates the spelling reform) is dropped
+too (`variety.european_form`).
 """
 
 from __future__ import annotations
@@ -37,6 +39,7 @@ from .distill import HELD_OUT, held_out_keys
 from .notice import deb_version
 from .pairs import Pair
 from .split import source_key
+from .variety import european_form
 
 log = logging.getLogger(__name__)
 PACKAGES = {"dict-freedict-eng-por": "en", "dict-freedict-por-eng": "pt"}  # package -> its headwords' language
@@ -98,8 +101,9 @@ def read_dictionary(root: Path, package: str) -> tuple[str, bytes]:
 
 
 def dictionary_pairs(found: list[tuple[str, str, str]], held: set[str]) -> tuple[list[Pair], dict[str, int]]:
-    """(English, Portuguese, package) triples as cleaned pairs, each once, none matching a held-out sentence; and
-    how many were dropped for what."""
+    """(English, Portuguese, package) triples as cleaned pairs, each once, none matching a held-out sentence and
+    none in a form used only in Portugal (the older dictionary's "comboio", "facto"); and how many were dropped
+    for what."""
     seen: set[tuple[str, str]] = set()
     pairs: list[Pair] = []
     dropped = 0
@@ -114,7 +118,10 @@ def dictionary_pairs(found: list[tuple[str, str, str]], held: set[str]) -> tuple
             continue
         pairs.append(Pair(en, pt, "freedict", package))
     kept, reasons = build.clean_pairs(pairs, MAX_TOKENS)
-    return kept, {"held_out_dropped": dropped, **reasons}
+    brazilian = [p for p in kept if european_form(p.pt) is None]  # "comboio", "facto", "acção"
+    if len(brazilian) < len(kept):
+        reasons["european"] = len(kept) - len(brazilian)
+    return brazilian, {"held_out_dropped": dropped, **reasons}
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
