@@ -20,7 +20,7 @@ Pairs whose words match a held-out sentence (`distill.HELD_OUT`, as `tolk data d
 held-out lines is one word, so none did) are dropped, and the rest go through the corpus's cleaning, which takes a word
 spelt the same in both languages for one left untranslated and drops it. A Portuguese side in a form used only in
 Portugal ("comboio", "facto", "acção": the English-Portuguese dictionary predates the spelling reform) is dropped
-too (`variety.european_form`).
+too (`variety.brazilian_only`).
 """
 
 from __future__ import annotations
@@ -39,7 +39,7 @@ from .distill import HELD_OUT, held_out_keys
 from .notice import deb_version
 from .pairs import Pair
 from .split import source_key
-from .variety import european_form
+from .variety import brazilian_only
 
 log = logging.getLogger(__name__)
 PACKAGES = {"dict-freedict-eng-por": "en", "dict-freedict-por-eng": "pt"}  # package -> its headwords' language
@@ -118,10 +118,8 @@ def dictionary_pairs(found: list[tuple[str, str, str]], held: set[str]) -> tuple
             continue
         pairs.append(Pair(en, pt, "freedict", package))
     kept, reasons = build.clean_pairs(pairs, MAX_TOKENS)
-    brazilian = [p for p in kept if european_form(p.pt) is None]  # "comboio", "facto", "acção"
-    if len(brazilian) < len(kept):
-        reasons["european"] = len(kept) - len(brazilian)
-    return brazilian, {"held_out_dropped": dropped, **reasons}
+    kept = brazilian_only(kept, reasons)  # "comboio", "facto", "acção"
+    return kept, {"held_out_dropped": dropped, **reasons}
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:

