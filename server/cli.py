@@ -32,6 +32,8 @@ RECIPES: list[tuple[tuple[str, ...], str, str, str, str]] = [
      "translate WordNet's English examples with the Firefox Translations model: extra training pairs"),
     (("data", "dictionary"), "model.data.dictionary", "add_arguments", "main",
      "FreeDict's English-Portuguese and Portuguese-English dictionaries as word pairs for training"),
+    (("data", "edu"), "model.data.edu", "add_arguments", "main",
+     "children's educational software (GCompris, Tux Paint's stamps) and its Brazilian Portuguese: training pairs"),
     (("train",), "model.train", "add_arguments", "main", "train a model"),
     (("eval",), "model.evaluate", "add_arguments", "main", "score a model on a test set"),
     (("import",), "model.argos", "add_import_arguments", "import_main",

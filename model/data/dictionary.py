@@ -27,19 +27,15 @@ from __future__ import annotations
 
 import argparse
 import gzip
-import json
 import logging
 import re
 from collections.abc import Iterator
 from pathlib import Path
 
-from . import apt, build
-from .clean import MAX_TOKENS, normalize
+from . import apt, extra
 from .distill import HELD_OUT, held_out_keys
 from .notice import deb_version
 from .pairs import Pair
-from .split import source_key
-from .variety import brazilian_only
 
 log = logging.getLogger(__name__)
 PACKAGES = {"dict-freedict-eng-por": "en", "dict-freedict-por-eng": "pt"}  # package -> its headwords' language
@@ -104,22 +100,7 @@ def dictionary_pairs(found: list[tuple[str, str, str]], held: set[str]) -> tuple
     """(English, Portuguese, package) triples as cleaned pairs, each once, none matching a held-out sentence and
     none in a form used only in Portugal (the older dictionary's "comboio", "facto"); and how many were dropped
     for what."""
-    seen: set[tuple[str, str]] = set()
-    pairs: list[Pair] = []
-    dropped = 0
-    for en_raw, pt_raw, package in found:
-        en, pt = normalize(en_raw, markup=False, accelerators=False), normalize(pt_raw, markup=False,
-                                                                                  accelerators=False)
-        if (en, pt) in seen:
-            continue
-        seen.add((en, pt))
-        if source_key(en) in held or source_key(pt) in held:
-            dropped += 1
-            continue
-        pairs.append(Pair(en, pt, "freedict", package))
-    kept, reasons = build.clean_pairs(pairs, MAX_TOKENS)
-    kept = brazilian_only(kept, reasons)  # "comboio", "facto", "acção"
-    return kept, {"held_out_dropped": dropped, **reasons}
+    return extra.train_pairs(found, "freedict", held)
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -144,12 +125,9 @@ def main(args: argparse.Namespace) -> int:
         found.extend((en, pt, package) for en, pt in word_pairs(index, data, lang))
         versions.append(f"Debian package {package} {deb_version(deb)}")
     kept, stats = dictionary_pairs(found, held_out_keys(args.held_out))
-    build.write_splits(out, {"train": kept})
-    (out / "NOTICE").write_text(
-        "Tolk dictionary pairs: sources\n\n"
-        f"freedict: the headwords and translations of FreeDict's English-Portuguese and Portuguese-English "
-        f"dictionaries, {', '.join(versions)}, {LICENCE}. Human translations.\n", encoding="utf-8")
-    (out / "stats.json").write_text(json.dumps({"freedict": {"senses": len(found), "kept": len(kept),
-                                                             "rejected": stats}}, indent=2) + "\n")
+    extra.write_train(out, kept, "Tolk dictionary pairs: sources\n\n"
+                      f"freedict: the headwords and translations of FreeDict's English-Portuguese and "
+                      f"Portuguese-English dictionaries, {', '.join(versions)}, {LICENCE}. Human translations.\n",
+                      {"freedict": {"senses": len(found), "kept": len(kept), "rejected": stats}})
     log.info("wrote %s: %d pairs (%s)", out, len(kept), stats)
     return 0
