@@ -1,5 +1,6 @@
 """`tolk data edu`: Qt `.qm` catalogs written by Qt's own lrelease and read back by the project's reader (the same
-messages as Qt's lconvert reads), Tux Paint's stamp descriptions, and the pairs cleaned as the corpus's."""
+messages as Qt's lconvert reads), Qt resource files written by Qt's rcc, Tux Paint's stamp descriptions, and the
+pairs cleaned as the corpus's."""
 
 from __future__ import annotations
 
@@ -48,8 +49,9 @@ TS = """<?xml version="1.0" encoding="utf-8"?>
 
 
 def qt_tool(name: str) -> str | None:
-    """Qt's lrelease or lconvert (Debian's qt6-l10n-tools keeps them out of PATH)."""
-    for candidate in (shutil.which(name), f"/usr/lib/qt6/bin/{name}", f"/usr/lib/qt5/bin/{name}"):
+    """Qt's lrelease, lconvert or rcc (Debian's qt6-l10n-tools and qt6-base-dev-tools keep them out of PATH)."""
+    for candidate in (shutil.which(name), f"/usr/lib/qt6/bin/{name}", f"/usr/lib/qt6/libexec/{name}",
+                      f"/usr/lib/qt5/bin/{name}"):
         if candidate and Path(candidate).is_file():
             return candidate
     return None
@@ -95,6 +97,49 @@ def test_the_reader_agrees_with_qts_lconvert(qm_file: Path, tmp_path: Path) -> N
 def test_a_file_that_is_not_qm_is_refused() -> None:
     with pytest.raises(ValueError, match="magic"):
         list(edu.qm_messages(b"\x00" * 32))
+
+
+def write_rcc(folder: Path, files: dict[str, str], *options: str) -> bytes:
+    """A binary Qt resource file made by Qt's rcc from `files` (path under the vocabulary activity -> text)."""
+    rcc = qt_tool("rcc")
+    if rcc is None:
+        pytest.skip("Qt's rcc is not installed (Debian: qt6-base-dev-tools)")
+    entries = []
+    for name, text in files.items():
+        (folder / name).parent.mkdir(parents=True, exist_ok=True)
+        (folder / name).write_text(text, encoding="utf-8")
+        entries.append(f"<file>{name}</file>")
+    (folder / "t.qrc").write_text(f'<RCC><qresource prefix="/gcompris/src/activities/lang">{"".join(entries)}'
+                                  "</qresource></RCC>", encoding="utf-8")
+    subprocess.run([rcc, "-binary", *options, str(folder / "t.qrc"), "-o", str(folder / "t.rcc")], check=True,
+                   capture_output=True)
+    return (folder / "t.rcc").read_bytes()
+
+
+VOCABULARY = {
+    "resource/content-en.json": '{"beach.ogg": "beach", "jump.ogg": "to jump", "sofa.ogg": "sofa", "x.ogg": ""}',
+    "resource/content-pt_BR.json": '{"jump.ogg": "pular", "beach.ogg": "praia", "sofa.ogg": "sofá", "x.ogg": "x"}',
+    "resource/content-pt.json": '{"beach.ogg": "praia", "jump.ogg": "saltar"}',
+    "resource/words.json": "[" + ", ".join(['{"description": "beach"}'] * 200) + "]",  # long enough to compress
+}
+
+
+@pytest.mark.parametrize("options", [("--compress-algo", "zlib", "--threshold", "0"), ("--no-compress",)])
+def test_resource_files_written_by_rcc_are_read_whole(tmp_path: Path, options: tuple[str, ...]) -> None:
+    data = write_rcc(tmp_path, VOCABULARY, *options)
+    files = dict(edu.rcc_files(data))
+    assert {path: raw.decode("utf-8") for path, raw in files.items()} == {
+        f"/gcompris/src/activities/lang/{name}": text for name, text in VOCABULARY.items()}
+    # the words that both languages name, by recording; Portugal's file is not read
+    assert list(edu.vocabulary_pairs(data)) == [("beach", "praia"), ("to jump", "pular"), ("sofa", "sofá")]
+
+
+def test_a_zstd_resource_is_refused_and_a_file_that_is_not_rcc_too(tmp_path: Path) -> None:
+    data = write_rcc(tmp_path, VOCABULARY, "--compress-algo", "zstd", "--threshold", "0")
+    with pytest.raises(ValueError, match="zstd"):
+        dict(edu.rcc_files(data))
+    with pytest.raises(ValueError, match="qres"):
+        dict(edu.rcc_files(b"\x00" * 32))
 
 
 def test_stamp_descriptions_take_brazilian_portuguese_only() -> None:

@@ -7,6 +7,9 @@ corpus's software rarely says such things; children's software does, and people 
   to the facts its quizzes ask about ("How long does it take for Saturn to make one revolution around the Sun?").
   It is a Qt program: its catalogs are Qt's compiled `.qm` files, not gettext's, so the corpus's gettext source
   never saw them.
+- GCompris's vocabulary activity (its `lang.rcc`, a Qt resource file): about 1,090 everyday words, each as its
+  English and Brazilian Portuguese files name it under the same voice recording ("beach.ogg": "beach" / "praia",
+  "jump.ogg": "to jump" / "pular").
 - Tux Paint's stamps (`tuxpaint-stamps-default`): about 950 pictures, each with a one-line description in a text
   file, the English first and then a line per language ("Grandma's old rag doll." /
   "pt_BR.utf8=Uma boneca de pano da vovó.").
@@ -17,18 +20,24 @@ sentences and Portugal's forms left out):
 
     tolk data edu --out data/edu
 
-The `.qm` reader is this module's own. Its format: a 16-byte magic number, then sections (a tag byte and a
-big-endian length), the messages section holding tagged fields, each message ending with tag 1. translate-toolkit
-reads `.qm` too, but refuses a whole file when one message has no source text, as GCompris's has.
+The `.qm` and `.rcc` readers are this module's own. A `.qm` file: a 16-byte magic number, then sections (a tag
+byte and a big-endian length), the messages section holding tagged fields, each message ending with tag 1.
+translate-toolkit reads `.qm` too, but refuses a whole file when one message has no source text, as GCompris's has.
+An `.rcc` file: "qres", a version and the offsets of a tree of fixed-size nodes, of their names (UTF-16) and of
+their data (zlib-compressed or stored; Qt 6 can write zstd, which is refused with a clear error, as Debian's
+GCompris, built with Qt 5, does not use it).
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import logging
 import re
 import struct
+import zlib
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from pathlib import Path
 
 from . import apt, extra
@@ -40,10 +49,13 @@ log = logging.getLogger(__name__)
 QM_MAGIC = bytes.fromhex("3cb86418caef9c95cd211cbf60a1bddd")
 GCOMPRIS = "gcompris-qt-data"
 GCOMPRIS_QM = "usr/share/gcompris-qt/translations/gcompris_pt_BR.qm"
+GCOMPRIS_LANG = "usr/share/gcompris-qt/rcc/lang.rcc"
+LANG_CONTENT = "/gcompris/src/activities/lang/resource/content-{locale}.json"
 STAMPS = "tuxpaint-stamps-default"
 STAMPS_ROOT = "usr/share/tuxpaint/stamps"
-LICENCES = {GCOMPRIS: "GPL-3+ (GCompris)", STAMPS: "GPL-2 (Tux Paint stamps)"}
+PATTERNS = {GCOMPRIS: [f"./{GCOMPRIS_QM}", f"./{GCOMPRIS_LANG}"], STAMPS: [f"./{STAMPS_ROOT}/*.txt"]}
 _MESSAGES, _END, _TRANSLATION, _SOURCE, _OBSOLETE1 = 0x69, 0x01, 0x03, 0x06, 0x05
+_RCC_DIRECTORY, _RCC_ZLIB, _RCC_ZSTD = 0x02, 0x01, 0x04
 _LOCALE_LINE = re.compile(r"^([a-z]{2,3}(?:_[A-Z]{2})?(?:@\w+)?)\.utf-?8=(.*)$", re.IGNORECASE)
 
 
@@ -96,6 +108,54 @@ def gcompris_pairs(root: Path) -> Iterator[tuple[str, str]]:
     return qm_pairs((root / GCOMPRIS_QM).read_bytes())
 
 
+def rcc_files(data: bytes) -> Iterator[tuple[str, bytes]]:
+    """(path, contents) of each file in a Qt binary resource file (`rcc -binary`), paths as ":/..." without the
+    colon."""
+    if data[:4] != b"qres":
+        raise ValueError("not a Qt resource file (no 'qres' magic)")
+    version, tree, payload, names = struct.unpack(">4I", data[4:20])
+    node_size = 22 if version >= 2 else 14  # version 2 added each node's modification time
+
+    def name(offset: int) -> str:
+        (length,) = struct.unpack(">H", data[names + offset:names + offset + 2])
+        start = names + offset + 6  # after the length and a hash
+        return data[start:start + 2 * length].decode("utf-16-be")
+
+    def walk(index: int, path: str) -> Iterator[tuple[str, bytes]]:
+        base = tree + index * node_size
+        name_offset, flags = struct.unpack(">IH", data[base:base + 6])
+        here = f"{path}/{name(name_offset)}" if index else ""
+        if flags & _RCC_DIRECTORY:
+            count, first = struct.unpack(">II", data[base + 6:base + 14])
+            for child in range(first, first + count):
+                yield from walk(child, here)
+            return
+        (offset,) = struct.unpack(">I", data[base + 10:base + 14])  # after the locale's country and language
+        (size,) = struct.unpack(">I", data[payload + offset:payload + offset + 4])
+        raw = data[payload + offset + 4:payload + offset + 4 + size]
+        if flags & _RCC_ZSTD:
+            raise ValueError(f"{here} is compressed with zstd, which this reader does not read")
+        yield here, zlib.decompress(raw[4:]) if flags & _RCC_ZLIB else raw  # zlib: after the size uncompressed
+
+    yield from walk(0, "")
+
+
+def vocabulary_pairs(data: bytes, locale: str = "pt_BR") -> Iterator[tuple[str, str]]:
+    """(English, `locale`'s word) for each voice recording that GCompris's vocabulary activity (`lang.rcc`) names in
+    both languages, in the recordings' order."""
+    files = dict(rcc_files(data))
+    english = json.loads(files[LANG_CONTENT.format(locale="en")])
+    other = json.loads(files[LANG_CONTENT.format(locale=locale)])
+    for key in sorted(english.keys() & other.keys()):
+        if english[key].strip() and other[key].strip():
+            yield english[key].strip(), other[key].strip()
+
+
+def gcompris_vocabulary(root: Path) -> Iterator[tuple[str, str]]:
+    """(English, Brazilian Portuguese) of each word of an extracted `gcompris-qt-data`'s vocabulary activity."""
+    return vocabulary_pairs((root / GCOMPRIS_LANG).read_bytes())
+
+
 def stamp_description(text: str, locale: str = "pt_BR") -> tuple[str, str] | None:
     """(English, `locale`'s translation) of a Tux Paint stamp's description file, or None where it has none. The
     English is the first line (it may hold an "=", "A calculator.  6x7=42"); then come `locale.utf8=` lines."""
@@ -124,6 +184,28 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="files (either language) whose sentences must not be trained on (missing files are skipped)")
 
 
+@dataclass(frozen=True)
+class Part:
+    """What one reader takes from one package."""
+
+    name: str  # the pairs' source and the key in stats.json
+    package: str
+    read: Callable[[Path], Iterator[tuple[str, str]]]
+    interface: bool  # user-interface text: markup and accelerators are stripped
+    licence: str
+    what: str
+
+
+PARTS = (
+    Part("gcompris", GCOMPRIS, gcompris_pairs, True, "GPL-3+ (GCompris)",
+         "the messages of its Brazilian Portuguese catalog (gcompris_pt_BR.qm)"),
+    Part("gcompris-words", GCOMPRIS, gcompris_vocabulary, False, "GPL-3+ (GCompris)",
+         "the English and Brazilian Portuguese words of its vocabulary activity (lang.rcc)"),
+    Part("tuxpaint-stamps", STAMPS, stamp_pairs, False, "GPL-2 (Tux Paint stamps)",
+         "the English descriptions of the stamps and their Brazilian Portuguese translations (pt_BR)"),
+)
+
+
 def main(args: argparse.Namespace) -> int:
     """Write the pairs of GCompris and Tux Paint's stamps; returns a process exit status."""
     work, out = args.work.resolve(), args.out.resolve()
@@ -132,20 +214,19 @@ def main(args: argparse.Namespace) -> int:
     kept: list[Pair] = []
     stats: dict[str, object] = {}
     notice = ["Tolk pairs from children's educational software: sources\n"]
-    readers: list[tuple[str, str, Callable[[Path], Iterator[tuple[str, str]]]]] = [
-        (GCOMPRIS, f"./{GCOMPRIS_QM}", gcompris_pairs), (STAMPS, f"./{STAMPS_ROOT}/*.txt", stamp_pairs)]
-    for package, pattern, read in readers:
-        deb = apt.download(env, package)
+    for part in PARTS:
+        deb = apt.download(env, part.package)
         if deb is None:
-            log.error("could not download %s", package)
+            log.error("could not download %s", part.package)
             return 1
-        found = [(en, pt, package) for en, pt in read(apt.extract(deb, work / "extract" / package, [pattern]))]
-        pairs, rejected = extra.train_pairs(found, package, held, markup=package == GCOMPRIS,
-                                            accelerators=package == GCOMPRIS)
+        root = apt.extract(deb, work / "extract" / part.package, PATTERNS[part.package])
+        found = [(en, pt, part.package) for en, pt in part.read(root)]
+        pairs, rejected = extra.train_pairs(found, part.name, held, markup=part.interface,
+                                            accelerators=part.interface)
         kept.extend(pairs)
-        stats[package] = {"found": len(found), "kept": len(pairs), "rejected": rejected}
-        notice.append(f"{package}: Debian package {package} {deb_version(deb)}, {LICENCES[package]}. The English "
-                      "texts and their Brazilian Portuguese translations (pt_BR). Human translations.")
+        stats[part.name] = {"found": len(found), "kept": len(pairs), "rejected": rejected}
+        notice.append(f"{part.name}: Debian package {part.package} {deb_version(deb)}, {part.licence}: {part.what}. "
+                      "Human translations.")
     extra.write_train(out, kept, "\n".join(notice) + "\n", stats)
     log.info("wrote %s: %d pairs (%s)", out, len(kept), stats)
     return 0
