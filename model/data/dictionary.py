@@ -33,7 +33,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from . import apt, extra
-from .distill import HELD_OUT, held_out_keys
+from .distill import held_out_keys
 from .notice import deb_version
 from .pairs import Pair
 
@@ -104,10 +104,7 @@ def dictionary_pairs(found: list[tuple[str, str, str]], held: set[str]) -> tuple
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--out", type=Path, default=Path("data/dict-freedict"))
-    p.add_argument("--work", type=Path, default=Path("data/work"), help="downloads and extracted packages")
-    p.add_argument("--held-out", type=Path, nargs="*", default=[Path(p) for p in HELD_OUT],
-                   help="files (either language) whose sentences must not be trained on (missing files are skipped)")
+    extra.add_arguments(p, Path("data/dict-freedict"))
 
 
 def main(args: argparse.Namespace) -> int:

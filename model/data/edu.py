@@ -41,7 +41,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from . import apt, extra
-from .distill import HELD_OUT, held_out_keys
+from .distill import held_out_keys
 from .notice import deb_version
 from .pairs import Pair
 
@@ -178,10 +178,7 @@ def stamp_pairs(root: Path) -> Iterator[tuple[str, str]]:
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--out", type=Path, default=Path("data/edu"))
-    p.add_argument("--work", type=Path, default=Path("data/work"), help="downloads and extracted packages")
-    p.add_argument("--held-out", type=Path, nargs="*", default=[Path(p) for p in HELD_OUT],
-                   help="files (either language) whose sentences must not be trained on (missing files are skipped)")
+    extra.add_arguments(p, Path("data/edu"))
 
 
 @dataclass(frozen=True)

@@ -9,15 +9,25 @@ sentences) is dropped, as `tolk data distill` drops it, and so is a Portuguese s
 
 from __future__ import annotations
 
+import argparse
 import json
 from collections.abc import Iterable
 from pathlib import Path
 
 from . import build
 from .clean import MAX_TOKENS, normalize
+from .distill import HELD_OUT
 from .pairs import Pair
 from .split import source_key
 from .variety import brazilian_only
+
+
+def add_arguments(p: argparse.ArgumentParser, out: Path) -> None:
+    """The options such a recipe takes: where to write, where to download, what is held out."""
+    p.add_argument("--out", type=Path, default=out)
+    p.add_argument("--work", type=Path, default=Path("data/work"), help="downloads and extracted packages")
+    p.add_argument("--held-out", type=Path, nargs="*", default=[Path(p) for p in HELD_OUT],
+                   help="files (either language) whose sentences must not be trained on (missing files are skipped)")
 
 
 def train_pairs(found: Iterable[tuple[str, str, str]], source: str, held: set[str], *,
