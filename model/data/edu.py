@@ -211,18 +211,21 @@ def main(args: argparse.Namespace) -> int:
     kept: list[Pair] = []
     stats: dict[str, object] = {}
     notice = ["Tolk pairs from children's educational software: sources\n"]
-    for part in PARTS:
-        deb = apt.download(env, part.package)
+    roots: dict[str, tuple[Path, str]] = {}  # package -> its extracted tree and version, each package once
+    for package, patterns in PATTERNS.items():
+        deb = apt.download(env, package)
         if deb is None:
-            log.error("could not download %s", part.package)
+            log.error("could not download %s", package)
             return 1
-        root = apt.extract(deb, work / "extract" / part.package, PATTERNS[part.package])
+        roots[package] = apt.extract(deb, work / "extract" / package, patterns), deb_version(deb)
+    for part in PARTS:
+        root, version = roots[part.package]
         found = [(en, pt, part.package) for en, pt in part.read(root)]
         pairs, rejected = extra.train_pairs(found, part.name, held, markup=part.interface,
                                             accelerators=part.interface)
         kept.extend(pairs)
         stats[part.name] = {"found": len(found), "kept": len(pairs), "rejected": rejected}
-        notice.append(f"{part.name}: Debian package {part.package} {deb_version(deb)}, {part.licence}: {part.what}. "
+        notice.append(f"{part.name}: Debian package {part.package} {version}, {part.licence}: {part.what}. "
                       "Human translations.")
     extra.write_train(out, kept, "\n".join(notice) + "\n", stats)
     log.info("wrote %s: %d pairs (%s)", out, len(kept), stats)
