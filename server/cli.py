@@ -34,6 +34,8 @@ RECIPES: list[tuple[tuple[str, ...], str, str, str, str]] = [
      "FreeDict's English-Portuguese and Portuguese-English dictionaries as word pairs for training"),
     (("data", "edu"), "model.data.edu", "add_arguments", "main",
      "children's educational software (GCompris, Tux Paint's stamps) and its Brazilian Portuguese: training pairs"),
+    (("data", "help"), "model.data.help", "add_arguments", "main",
+     "the corpus's GNOME help pairs that its train split holds, as a folder a fine-tuning mix can repeat"),
     (("train",), "model.train", "add_arguments", "main", "train a model"),
     (("eval",), "model.evaluate", "add_arguments", "main", "score a model on a test set"),
     (("import",), "model.argos", "add_import_arguments", "import_main",
