@@ -16,7 +16,7 @@ import math
 import shutil
 import sys
 import time
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, TextIO
 
@@ -55,6 +55,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--target", default=None, help="target language code (default: the run's own, else pt)")
     p.add_argument("--spm", type=Path, default=None,
                    help="use this SentencePiece model (copied into a new run) instead of training one")
+    p.add_argument("--source-spm", type=Path, default=None,
+                   help="the source side's own SentencePiece model (copied into a new run), with an embedding table "
+                        "of its own; --spm is then the target's (e.g. a directory of `tolk extend-source-vocab`)")
     p.add_argument("--arch", choices=sorted(ARCHITECTURES), default="small")
     p.add_argument("--vocab-size", type=int, default=8000)
     p.add_argument("--max-tokens", type=int, default=4096, help="padded tokens per micro-batch")
@@ -113,23 +116,44 @@ def run_languages(run: Path, source: str | None, target: str | None) -> tuple[st
     return languages
 
 
-def run_vocabulary(args: argparse.Namespace, languages: tuple[str, str]) -> Path:
-    """The run's SentencePiece model: a given one copied in, else the one trained on both sides (and kept)."""
-    path = args.run / "spm.model"
-    if args.spm is not None:
-        if not path.exists():
-            shutil.copyfile(args.spm, path)
-        elif path.read_bytes() != args.spm.read_bytes():
-            raise ValueError(f"--spm {args.spm} differs from the run's own {path}")
+@dataclass(frozen=True)
+class Vocabularies:
+    """A run's SentencePiece models: one for both sides (the same path twice), or the source's own beside the
+    target's; then the source has an embedding table of its own."""
+
+    source: Path
+    target: Path
+
+    @property
+    def shared(self) -> bool:
+        return self.source == self.target
+
+
+def _run_copy(given: Path | None, path: Path, option: str) -> None:
+    if given is None:
+        return
+    if not path.exists():
+        shutil.copyfile(given, path)
+    elif path.read_bytes() != given.read_bytes():
+        raise ValueError(f"{option} {given} differs from the run's own {path}")
+
+
+def run_vocabulary(args: argparse.Namespace, languages: tuple[str, str]) -> Vocabularies:
+    """The run's SentencePiece models: given ones copied in, else the one trained on both sides (and kept)."""
+    _run_copy(args.spm, args.run / "spm.model", "--spm")
     # sorted: the same vocabulary for either direction (and en, pt as runs before --source had it)
-    return train_vocab([args.corpus / f"train.{lang}" for lang in sorted(languages)], args.run / "spm",
-                       args.vocab_size)
+    target = train_vocab([args.corpus / f"train.{lang}" for lang in sorted(languages)], args.run / "spm",
+                         args.vocab_size)
+    source = args.run / "source_spm.model"
+    _run_copy(args.source_spm, source, "--source-spm")
+    return Vocabularies(source if source.exists() else target, target)
 
 
-def build_config(args: argparse.Namespace, vocab_size: int) -> ModelConfig:
+def build_config(args: argparse.Namespace, vocab_size: int, source_vocab_size: int | None = None) -> ModelConfig:
+    """A new run's model; `source_vocab_size`: the source's own vocabulary, with its own embedding table."""
     return ModelConfig(
-        src_vocab_size=vocab_size, tgt_vocab_size=vocab_size, activation="relu", norm="pre",
-        share_embeddings=True, tie_output=True, output_bias=False, max_positions=512,
+        src_vocab_size=source_vocab_size or vocab_size, tgt_vocab_size=vocab_size, activation="relu", norm="pre",
+        share_embeddings=source_vocab_size is None, tie_output=True, output_bias=False, max_positions=512,
         pad_id=0, bos_id=1, eos_id=2, unk_id=3, decoder_start_id=1, dropout=args.dropout,
         **ARCHITECTURES[args.arch],
     )
@@ -166,11 +190,11 @@ def averaged(run: Path, cfg: ModelConfig, count: int) -> Transformer:
     return model.eval()
 
 
-def export(args: argparse.Namespace, cfg: ModelConfig, spm_path: Path, languages: tuple[str, str]) -> None:
+def export(args: argparse.Namespace, cfg: ModelConfig, vocab: Vocabularies, languages: tuple[str, str]) -> None:
     model = averaged(args.run, cfg, args.average)
     info = checkpoint.ModelInfo("-".join(languages), *languages)
     generation = {"beam_size": args.default_beam_size, "max_new_tokens": 256}
-    checkpoint.save(args.export, model, info, spm_path, spm_path, generation=generation,
+    checkpoint.save(args.export, model, info, vocab.source, vocab.target, generation=generation,
                     weights_dtype=args.weights_dtype)
     log.info("wrote %s", args.export)
 
@@ -190,9 +214,9 @@ def autocast_dtype(choice: str, device: torch.device) -> torch.dtype | None:
     return torch.bfloat16
 
 
-def evaluate_dev(model: Transformer, sp: Path, src: list[str], ref: list[str]) -> dict[str, float]:
-    tok = Tokenizer(spm.SentencePieceProcessor(model_file=str(sp)),
-                    spm.SentencePieceProcessor(model_file=str(sp)), model.cfg.eos_id, model.cfg.unk_id)
+def evaluate_dev(model: Transformer, vocab: Vocabularies, src: list[str], ref: list[str]) -> dict[str, float]:
+    tok = Tokenizer(spm.SentencePieceProcessor(model_file=str(vocab.source)),
+                    spm.SentencePieceProcessor(model_file=str(vocab.target)), model.cfg.eos_id, model.cfg.unk_id)
     model.eval()
     start = time.perf_counter()
     hyps = translate_lines(freeze(model), tok, src, GenerationConfig(max_new_tokens=160))
@@ -208,28 +232,31 @@ def main(args: argparse.Namespace) -> int:
     torch.manual_seed(args.seed)
     args.run.mkdir(parents=True, exist_ok=True)
     languages = run_languages(args.run, args.source, args.target)
-    spm_path = run_vocabulary(args, languages)
-    sp = spm.SentencePieceProcessor(model_file=str(spm_path))
+    vocab = run_vocabulary(args, languages)
+    size = spm.SentencePieceProcessor(model_file=str(vocab.target)).get_piece_size()
+    source_size = None if vocab.shared else spm.SentencePieceProcessor(model_file=str(vocab.source)).get_piece_size()
     cfg_path = args.run / "config.json"
-    cfg = ModelConfig.load(cfg_path) if cfg_path.exists() else build_config(args, sp.get_piece_size())
+    cfg = ModelConfig.load(cfg_path) if cfg_path.exists() else build_config(args, size, source_size)
     cfg.save(cfg_path)
     if args.export:
-        export(args, cfg, spm_path, languages)
+        export(args, cfg, vocab, languages)
         return 0
-    Trainer(args, cfg, sp, spm_path, languages).run()
+    Trainer(args, cfg, vocab, languages).run()
     return 0
 
 
-def init_weights(model: Transformer, directory: Path, spm_path: Path) -> None:
-    """Start from a model directory's weights; its architecture and vocabulary must be the run's."""
+def init_weights(model: Transformer, directory: Path, vocab: Vocabularies) -> None:
+    """Start from a model directory's weights; its vocabularies and architecture must be the run's."""
+    for name, path in (("source.spm", vocab.source), ("target.spm", vocab.target)):
+        if (directory / name).read_bytes() != path.read_bytes():
+            hint = " (a vocabulary of its own: pass it as --source-spm)" if name == "source.spm" else ""
+            raise ValueError(f"--init {directory}: its {name} is not the run's vocabulary ({path}){hint}")
     meta = checkpoint.read_meta(directory)
     shape = {k: v for k, v in meta.cfg.to_dict().items() if k not in ("dropout", "attention_dropout")}
     ours = {k: v for k, v in model.cfg.to_dict().items() if k not in ("dropout", "attention_dropout")}
     if shape != ours:
         raise ValueError(f"--init {directory}: its architecture differs from the run's: "
                          f"{ {k: (v, ours[k]) for k, v in shape.items() if ours.get(k) != v} }")
-    if (directory / "source.spm").read_bytes() != spm_path.read_bytes():
-        raise ValueError(f"--init {directory}: its vocabulary is not the run's ({spm_path})")
     checkpoint.read_weights(model, directory / "model.safetensors")  # tied tables saved once; float16 upcast
     log.info("started from the weights of %s", directory)
 
@@ -312,16 +339,17 @@ def release_freed_memory(device: torch.device) -> None:
 class Trainer:
     """The training loop's state: model, optimizer, position in the data; saved and restored whole."""
 
-    def __init__(self, args: argparse.Namespace, cfg: ModelConfig, sp: spm.SentencePieceProcessor,
-                 spm_path: Path, languages: tuple[str, str]) -> None:
-        self.args, self.cfg, self.spm_path = args, cfg, spm_path
+    def __init__(self, args: argparse.Namespace, cfg: ModelConfig, vocab: Vocabularies,
+                 languages: tuple[str, str]) -> None:
+        self.args, self.cfg, self.vocab = args, cfg, vocab
         self.device = checkpoint.resolve_device(args.device)
         self.autocast = autocast_dtype(args.autocast, self.device)
         run, corpus = args.run, args.corpus
         source, target = languages
         # caches are named by language, not role: the same file encodes the same either way round
-        self.src = encode_file(sp, corpus / f"train.{source}", run / f"train.{source}.npz")
-        self.tgt = encode_file(sp, corpus / f"train.{target}", run / f"train.{target}.npz")
+        source_sp, target_sp = (spm.SentencePieceProcessor(model_file=str(p)) for p in (vocab.source, vocab.target))
+        self.src = encode_file(source_sp, corpus / f"train.{source}", run / f"train.{source}.npz")
+        self.tgt = encode_file(target_sp, corpus / f"train.{target}", run / f"train.{target}.npz")
         n_dev = args.dev_sentences
         self.dev_src = (corpus / f"dev.{source}").read_text(encoding="utf-8").splitlines()[:n_dev]
         self.dev_ref = (corpus / f"dev.{target}").read_text(encoding="utf-8").splitlines()[:n_dev]
@@ -337,7 +365,7 @@ class Trainer:
             self.step, self.epoch, self.position = state["step"], state["epoch"], state["position"]
             log.info("resumed at step %d (epoch %d, batch %d)", self.step, self.epoch, self.position)
         elif args.init is not None:
-            init_weights(self.model, args.init, spm_path)
+            init_weights(self.model, args.init, vocab)
         log.info("%s->%s model: %s, %.1fM parameters, %d training pairs, device %s, autocast %s", source, target,
                  cfg.to_dict(), self.model.num_parameters() / 1e6, len(self.src), self.device, self.autocast)
 
@@ -417,7 +445,7 @@ class Trainer:
                 if self.step % args.save_every == 0:
                     self.save()
                 if self.step % args.eval_every == 0:
-                    result = evaluate_dev(self.model, self.spm_path, self.dev_src, self.dev_ref)
+                    result = evaluate_dev(self.model, self.vocab, self.dev_src, self.dev_ref)
                     log.info("step %d dev %s", self.step, result)
                     log_file.write(json.dumps({"step": self.step, "dev": result}) + "\n")
                 if time.time() >= deadline:

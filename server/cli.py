@@ -45,6 +45,8 @@ RECIPES: list[tuple[tuple[str, ...], str, str, str, str]] = [
      "export a model directory as a Hugging Face Marian checkpoint (MODEL_DIR HF_DIR)"),
     (("build-kernels",), "model.native_build", "add_arguments", "main",
      "compile the CPU kernels ahead for these models on this machine: servers then run them without numba"),
+    (("extend-source-vocab",), "model.source_vocab", "add_arguments", "main",
+     "copy a model directory with its source vocabulary extended by whole words of the source language (MODEL OUT)"),
     (("pull",), "model.pull", "add_arguments", "main",
      "download and import a Hugging Face Marian / OPUS-MT checkpoint (e.g. Helsinki-NLP/opus-mt-en-de) or an Argos "
      "package (argos:FROM-TO)"),

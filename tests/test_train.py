@@ -157,7 +157,8 @@ def test_bfloat16_autocast_gives_the_float32_loss_and_gradient(tiny_model_dir: P
                           "cpu", "--autocast", choice, "--dropout", "0")
         args.run.mkdir()
         torch.manual_seed(0)
-        trainer = train.Trainer(args, train.build_config(args, sp.get_piece_size()), sp, spm_path, ("en", "pt"))
+        vocab = train.Vocabularies(spm_path, spm_path)
+        trainer = train.Trainer(args, train.build_config(args, sp.get_piece_size()), vocab, ("en", "pt"))
         ids = make_batches(trainer.src, trainer.tgt, 512, 128, 0)[0]
         loss, _ = trainer.loss(ids)
         loss.backward()
@@ -192,7 +193,8 @@ def test_the_step_loss_is_the_whole_batch_loss_and_gradient(tiny_model_dir: Path
                       "--autocast", "off", "--dropout", "0")
     args.run.mkdir()
     torch.manual_seed(0)
-    trainer = train.Trainer(args, train.build_config(args, sp.get_piece_size()), sp, spm_path, ("en", "pt"))
+    vocab = train.Vocabularies(spm_path, spm_path)
+    trainer = train.Trainer(args, train.build_config(args, sp.get_piece_size()), vocab, ("en", "pt"))
     ids = max(make_batches(trainer.src, trainer.tgt, 512, 128, 0), key=len)
     src, tgt_in, labels = train.collate(ids, trainer.src, trainer.tgt, 0, trainer.cfg.decoder_start_id)
     assert (src == 0).any() and (labels == 0).any()  # padding in both, or the check below shows nothing
