@@ -24,18 +24,19 @@ GOLDEN = {
 }
 
 
-# The same sentences back from Portuguese: what the pt-en model wrote when it shipped with beam 4; greedy differs in
-# one (below). Earlier releases differed there too, or wrote "... the file." both ways.
+# The same sentences back from Portuguese: what the pt-en model wrote when it shipped with beam 4; greedy may differ
+# (below; this release writes the same both ways). Earlier releases wrote "Could not open the file." with beam 4, and
+# some greedy too.
 GOLDEN_PT_EN = {
     "Salvar alterações antes de fechar?": "Save changes before closing?",
-    "Não foi possível abrir o arquivo.": "Could not open the file.",
+    "Não foi possível abrir o arquivo.": "Could not open file.",
     "Você tem certeza de que deseja excluir esta pasta?": "Are you sure you want to delete this folder?",
     "Erro ao ler o arquivo de configuração.": "Error reading configuration file.",
     "Por favor, digite sua senha para continuar.": "Please enter your password to continue.",
     "Este pacote fornece uma ferramenta de linha de comando para converter imagens.":
         "This package provides a command line tool to convert images.",
 }
-GOLDEN_PT_EN_GREEDY = {**GOLDEN_PT_EN, "Não foi possível abrir o arquivo.": "Could not open file."}
+GOLDEN_PT_EN_GREEDY = GOLDEN_PT_EN
 
 # Inline elements translated with their sentence and put back around the words aligned with theirs (format html)
 GOLDEN_HTML = {
