@@ -249,7 +249,9 @@ def init_weights(model: Transformer, directory: Path, vocab: Vocabularies) -> No
     """Start from a model directory's weights; its vocabularies and architecture must be the run's."""
     for name, path in (("source.spm", vocab.source), ("target.spm", vocab.target)):
         if (directory / name).read_bytes() != path.read_bytes():
-            hint = " (a vocabulary of its own: pass it as --source-spm)" if name == "source.spm" else ""
+            own = name == "source.spm" and path == vocab.target and (directory / name).read_bytes() != (
+                directory / "target.spm").read_bytes()
+            hint = " (its source has a vocabulary of its own: pass it as --source-spm)" if own else ""
             raise ValueError(f"--init {directory}: its {name} is not the run's vocabulary ({path}){hint}")
     meta = checkpoint.read_meta(directory)
     shape = {k: v for k, v in meta.cfg.to_dict().items() if k not in ("dropout", "attention_dropout")}

@@ -95,7 +95,7 @@ def test_a_run_starts_from_the_copy_and_exports_both_vocabularies(tmp_path: Path
                  str(write_text(tmp_path / "pt.txt")), "--vocab-size", "60", "--pieces", "30"]) == 0
     second = tmp_path / "second"
     vocab = ("--spm", str(ext / "target.spm"), "--source-spm", str(ext / "source.spm"))
-    with pytest.raises(ValueError, match="source.spm is not the run's"):
+    with pytest.raises(ValueError, match="source.spm is not the run.s vocabulary .* pass it as --source-spm"):
         tolk(["train", *common, "--run", str(tmp_path / "wrong"), "--spm", str(ext / "target.spm"), "--init",
               str(ext), "--max-steps", "1"])
     assert tolk(["train", *common, *vocab, "--run", str(second), "--init", str(ext), "--lr", "0", "--max-steps", "1",
