@@ -45,8 +45,8 @@ GOLDEN_HTML = {
     '<li><a href="x">Delete <em>all</em> files</a> in the folder.</li>':
         '<li><a href="x">Excluir <em>todos</em> os arquivos</a> na pasta.</li>',
     "<p>The file <code>config.toml</code> could not be saved.</p>":
-        "<p>Não foi possível salvar o arquivo <code>config.toml</code>.</p>",  # the release before wrote "O arquivo
-    # <code>config.toml</code> não pôde ser salvo.", the ones before it this
+        "<p>O arquivo <code>config.toml</code> não pôde ser salvo.</p>",  # the release before wrote "Não foi
+    # possível salvar o arquivo <code>config.toml</code>.", the one before it this
     "<p>Select <b>File &gt; Save As</b> to save a copy of the document.</p>":
         "<p>Selecione <b>Arquivo &gt; Salvar como</b> para salvar uma cópia do documento.</p>",
 }
