@@ -248,9 +248,9 @@ def main(args: argparse.Namespace) -> int:
 def init_weights(model: Transformer, directory: Path, vocab: Vocabularies) -> None:
     """Start from a model directory's weights; its vocabularies and architecture must be the run's."""
     for name, path in (("source.spm", vocab.source), ("target.spm", vocab.target)):
-        if (directory / name).read_bytes() != path.read_bytes():
-            own = name == "source.spm" and path == vocab.target and (directory / name).read_bytes() != (
-                directory / "target.spm").read_bytes()
+        theirs = (directory / name).read_bytes()
+        if theirs != path.read_bytes():
+            own = name == "source.spm" and path == vocab.target and theirs != (directory / "target.spm").read_bytes()
             hint = " (its source has a vocabulary of its own: pass it as --source-spm)" if own else ""
             raise ValueError(f"--init {directory}: its {name} is not the run's vocabulary ({path}){hint}")
     meta = checkpoint.read_meta(directory)
