@@ -33,13 +33,18 @@ def tags(document: str) -> Counter[str]:
     return Counter(content for is_text, content in split_html(document) if not is_text)
 
 
+# Every test app's data directory lies under this one, removed when the test run ends (before, each app left a
+# directory in the system's temporary folder: some 150 a run).
+_DATA_ROOT = tempfile.TemporaryDirectory(prefix="tolk-test-data-")
+
+
 def server_settings(model_dir: Path, **changes: Any) -> Settings:
     """Settings for a test app: the tiny model on the CPU in float32 (its answers are compared with the engine's
     own), small limits, nothing read from the environment; the batcher in a child process, as users run it, unless
     a test asks for it as a thread (`scheduler_process=False`) to look inside. The translation cache is off, so
     that every request decodes (tests/test_cache.py turns it on)."""
     # glossaries (SQLite) go to a directory of the test run, never into the checkout's data/server
-    data_dir = Path(tempfile.mkdtemp(prefix="tolk-test-data-"))
+    data_dir = Path(tempfile.mkdtemp(prefix="app-", dir=_DATA_ROOT.name))
     settings: dict[str, Any] = {"translation_cache_entries": 0, "device": "cpu", "dtype": "float32",
                                 "data_dir": data_dir, **changes}
     return Settings(_env_file=None, models=[model_dir],  # type: ignore[call-arg]
