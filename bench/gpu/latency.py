@@ -59,6 +59,7 @@ def main() -> None:
     p.add_argument("--requests", type=int, default=16, help="sequential requests per round and kind")
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--variants", nargs="+", default=list(VARIANTS), choices=list(VARIANTS))
+    p.add_argument("--threads", type=int, default=2, help="the server's torch threads (TOLK_THREADS)")
     p.add_argument("--port", type=int, default=8790)
     p.add_argument("--out", type=Path, default=None)
     args = p.parse_args()
@@ -67,7 +68,8 @@ def main() -> None:
     results: dict[str, Any] = {}
     for k, name in enumerate(args.variants):
         batching, env = VARIANTS[name]
-        server_args = argparse.Namespace(rows=128, max_new_tokens=32, dtype=args.dtype, device=args.device, threads=2)
+        server_args = argparse.Namespace(rows=128, max_new_tokens=32, dtype=args.dtype, device=args.device,
+                                         threads=args.threads)
         saved = dict(os.environ)
         os.environ.update(env)
         try:
