@@ -178,13 +178,10 @@ stage_serve() {
 
 stage_latency() {
     if cpu; then
-        # One thread: a server given more threads first compiles the steps cut over them (FrozenTransformer.warm_parts).
-        # With numba's cache and the kernels' folder empty, beside two training jobs, the stage took 274 s with 2
-        # threads and 141 s with 1. In CI, beside the tests, it took 247 s with 2 and 229 s with 1, 3.5 to 3.7 minutes
-        # of it before the first server was ready (bench/serve.py waits 300 s for /ready). On a quiet machine the
-        # tiny model's training takes 9 s, and a one-thread server on it is ready in 60 to 70 s with numba's cache
-        # empty and in 5 s with it warm: CI's servers here compile, though the tests had filled the same cache (why:
-        # not found).
+        # One thread: a server given more first compiles the steps cut over them (FrozenTransformer.warm_parts); with
+        # numba's cache empty this stage took 274 s with 2 threads and 141 s with 1. In CI it still took 229 s (247 with
+        # 2), most of it before the first /ready (bench/serve.py waits 300 s): its servers compile there although the
+        # tests filled the same cache first (alone: 60-70 s to /ready cold, 5 s warm; why, not found).
         $PY -c "from pathlib import Path; from tests.tiny import make_model_dir, corpus_lines; d = Path('$WORK/tiny'); \
 (d / 'config.json').exists() or make_model_dir(d); Path('$WORK/tiny.txt').write_text(chr(10).join(corpus_lines(80, seed=2)))" \
             && $PY bench/gpu/latency.py --model "$WORK/tiny" --sentences "$WORK/tiny.txt" --device cpu --dtype float32 \
