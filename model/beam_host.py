@@ -158,7 +158,8 @@ def move_beams(rows, picked, tokens, score, self_kv, T, history, pos, transit): 
             for layer in range(L):
                 for c in range(2):
                     _copy_kv(self_kv[layer, c, r], kv[src, layer, c], T)
-            hist[src, :] = history[r, :]
+            for t in range(history.shape[1]):  # element by element: a slice assignment compiles an error message
+                hist[src, t] = history[r, t]
             at[src] = pos[r]
         for b in range(k):
             src = np.int64(picked[j, b, 0])
@@ -167,7 +168,8 @@ def move_beams(rows, picked, tokens, score, self_kv, T, history, pos, transit): 
                 for layer in range(L):
                     for c in range(2):
                         _copy_kv(kv[src, layer, c], self_kv[layer, c, r], T)
-                history[r, :] = hist[src, :]
+                for t in range(history.shape[1]):
+                    history[r, t] = hist[src, t]
                 pos[r] = at[src]
             tokens[r] = np.int64(picked[j, b, 1])
             score[r] = np.float32(picked[j, b, 2])

@@ -393,6 +393,21 @@ def _pause(typingctx):  # type: ignore[no-untyped-def]  # pragma: no cover - com
     return types.void(), codegen
 
 
+@njit(nogil=True, cache=True)
+def _copy(dst, src):  # type: ignore[no-untyped-def]  # pragma: no cover - compiled
+    """dst[...] = src for arrays of one shape (1 or 2 dimensions), element by element. A slice assignment
+    (`dst[:] = src`) makes numba compile its shape-mismatch error, an exception message formatted from the shapes:
+    5 to 8 s of the 45-65 s a process with numba's cache empty spends compiling its first greedy translation
+    (numba's compile events; bench/compile_time.py times it)."""
+    if src.ndim == 1:
+        for i in range(src.shape[0]):
+            dst[i] = src[i]
+    else:
+        for i in range(src.shape[0]):
+            for j in range(src.shape[1]):
+                dst[i, j] = src[i, j]
+
+
 @njit(fastmath=FAST, nogil=True, cache=True)
 def _act(v: float, kind: int) -> float:  # pragma: no cover - compiled
     if kind == 1:
@@ -453,7 +468,7 @@ def _rows_f32(x, w, scale, bias, quant, act, y, j0, j1):  # type: ignore[no-unty
                 xs[r, k] = min(max(v, np.float32(0.0)), np.float32(255.0)) - zp
         out_scale = quant[1]
     else:
-        xs[:] = x
+        _copy(xs, x)
     if B == 1:
         _rows1(xs, w, scale, bias, out_scale, act, y, j0, j1)
     else:
@@ -852,11 +867,11 @@ def _next(x, h, norm_w, norm_b, j, eps, pre):  # type: ignore[no-untyped-def]  #
     """h holds sublayer j's residual sum: x becomes the stream and h the input of sublayer j + 1 (pre-norm: the
     stream normalised by norm j + 1; post-norm: the sum normalised by norm j, which is also the stream)."""
     if pre:
-        x[:] = h
+        _copy(x, h)
         _norm(x, norm_w[j + 1], norm_b[j + 1], eps, h)
     else:
         _norm(h, norm_w[j], norm_b[j], eps, x)
-        h[:] = x
+        _copy(h, x)
 
 
 @njit(fastmath=FAST, nogil=True, cache=True)
@@ -867,7 +882,7 @@ def _feed_forward(x, h, f, w_1, s_1, b_1, q_1, c_1, w_2, s_2, b_2, q_2, c_2, act
     _product(h, w_1, s_1, b_1, q_1, c_1, act, np.empty((0, 0), np.float32), f)
     _product(f, w_2, s_2, b_2, q_2, c_2, 0, x, h)
     if pre:
-        x[:] = h
+        _copy(x, h)
     else:
         _norm(h, norm_w, norm_b, eps, x)
 
@@ -1062,7 +1077,7 @@ def _then(y, x, hn, norm_w, norm_b, eps, pre):  # type: ignore[no-untyped-def]  
     _norm(y, norm_w, norm_b, eps, hn)
     if pre:
         return y
-    x[:] = hn
+    _copy(x, hn)
     return x
 
 
@@ -1132,7 +1147,7 @@ def _first_input(x, hn, norm_w, norm_b, eps, pre):  # type: ignore[no-untyped-de
     if pre:
         _norm(x, norm_w, norm_b, eps, hn)
     else:
-        hn[:] = x
+        _copy(hn, x)
 
 
 @njit(nogil=True, cache=True)
@@ -1399,7 +1414,7 @@ def _chosen(logits, banned, eos, longs, cols, history, max_new, ids, out):  # ty
     B = ids.shape[0]
     last, n_gen, min_new = longs[:B, cols[0]], longs[:B, cols[1]], longs[:B, cols[2]]
     choose_greedy(logits, banned, eos, n_gen, min_new, history, last, ids)
-    out[:] = ids
+    _copy(out, ids)
     for r in range(B):  # noqa: SIM110 - a loop, as numba compiles it
         if ids[r] == eos or n_gen[r] >= max_new[r]:
             return True

@@ -180,8 +180,9 @@ stage_latency() {
     if cpu; then
         # One thread: a server given more first compiles the steps cut over them (FrozenTransformer.warm_parts); with
         # numba's cache empty this stage took 274 s with 2 threads and 141 s with 1. In CI it still took 229 s (247 with
-        # 2), most of it before the first /ready (bench/serve.py waits 300 s): its servers compile there although the
-        # tests filled the same cache first (alone: 60-70 s to /ready cold, 5 s warm; why, not found).
+        # 2), most of it before the first /ready (bench/serve.py waits 300 s): it starts about 14 minutes into the
+        # tests, which write the kernels' variants into numba's cache over their first 14 (the cache files' times in a
+        # cold run alone), so its servers compile what the tests have not yet. After the whole suite it took 24 s.
         $PY -c "from pathlib import Path; from tests.tiny import make_model_dir, corpus_lines; d = Path('$WORK/tiny'); \
 (d / 'config.json').exists() or make_model_dir(d); Path('$WORK/tiny.txt').write_text(chr(10).join(corpus_lines(80, seed=2)))" \
             && $PY bench/gpu/latency.py --model "$WORK/tiny" --sentences "$WORK/tiny.txt" --device cpu --dtype float32 \

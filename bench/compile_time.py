@@ -1,0 +1,109 @@
+"""How long numba's JIT takes to compile the CPU kernels from an empty cache: a process's first translations.
+
+A process that finds no compiled kernels (no `tolk build-kernels` extension, numba's cache empty: a fresh CI
+machine, a new container) compiles every kernel it calls the first time it calls it. That time is most of a cold
+test run (the suite took 18:46 with numba's cache empty and 8:31 with it full on the 2-core Intel Xeon) and of a
+server's first start without kernels compiled ahead. Each trial is a child process with an empty cache of its own
+(`NUMBA_CACHE_DIR`) and `TOLK_KERNELS=jit`: it makes the suite's tiny model, loads it in one precision and
+translates two sentences with one search, timed from before the load to the end of the translation.
+
+    python bench/compile_time.py [--trees DIR ...] [--configs float32:1 int8:1 float32:4] [--repeats 3]
+
+`--trees` compares source trees (two checkouts), trial by trial in turn, so that both share the machine's state;
+the table gives each tree's median and its ratio to the first tree's.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def worker(dtype: str, beam: int) -> None:
+    import dataclasses
+
+    import torch
+
+    import model
+    from model import checkpoint
+    from model.search import generate
+    from tests.tiny import make_model_dir
+
+    torch.set_num_threads(1)
+    with tempfile.TemporaryDirectory() as tmp:
+        directory = make_model_dir(Path(tmp) / "tiny")
+        start = time.perf_counter()
+        loaded = checkpoint.load(directory, device="cpu", dtype=dtype)
+        config = dataclasses.replace(loaded.generation, beam_size=beam, max_new_tokens=8)
+        generate(loaded.net, [[5, 6, 7, 8], [9, 10]], config, max_rows=4 * beam)
+        seconds = time.perf_counter() - start
+    print(json.dumps({"seconds": seconds, "model": str(Path(model.__file__).parent)}))
+
+
+def trial(tree: Path, dtype: str, beam: int) -> float:
+    with tempfile.TemporaryDirectory(prefix="numba-cache-") as cache:
+        env = {**os.environ, "NUMBA_CACHE_DIR": cache, "TOLK_KERNELS": "jit", "PYTHONPATH": str(tree)}
+        out = subprocess.run([sys.executable, str(Path(__file__).resolve()), "--worker", dtype, str(beam)],
+                             cwd=tree, env=env, capture_output=True, text=True, check=True)
+    result = json.loads(out.stdout.strip().splitlines()[-1])
+    if Path(result["model"]).resolve() != (tree / "model").resolve():
+        raise SystemExit(f"the trial in {tree} imported {result['model']}")
+    return float(result["seconds"])
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--trees", nargs="+", type=Path, default=[ROOT], help="source trees to compare (default: this one)")
+    p.add_argument("--configs", nargs="+", default=["float32:1", "int8:1", "float32:4"],
+                   help="PRECISION:BEAMS, each timed in its own process")
+    p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--worker", nargs=2, metavar=("DTYPE", "BEAM"), help=argparse.SUPPRESS)
+    p.add_argument("--out", type=Path, default=ROOT / "bench" / "results" / "compile-time.json")
+    args = p.parse_args()
+    if args.worker:
+        worker(args.worker[0], int(args.worker[1]))
+        return
+    trees = [t.resolve() for t in args.trees]
+    times: dict[str, dict[str, list[float]]] = {c: {str(t): [] for t in trees} for c in args.configs}
+    for r in range(args.repeats):
+        for config in args.configs:
+            dtype, beam = config.split(":")
+            for tree in trees:
+                seconds = trial(tree, dtype, int(beam))
+                times[config][str(tree)].append(seconds)
+                print(f"repeat {r + 1} {config:>10} {tree}: {seconds:.1f} s", flush=True)
+    rows = []
+    print(f"\n{'config':>10} " + " ".join(f"{t.name:>16}" for t in trees) + "   ratio to the first")
+    for config in args.configs:
+        medians = [statistics.median(times[config][str(t)]) for t in trees]
+        ratios = [m / medians[0] for m in medians]
+        print(f"{config:>10} " + " ".join(f"{m:15.1f}s" for m in medians) + "   "
+              + " ".join(f"{x:.3f}" for x in ratios))
+        rows.append({"config": config, "median_s": dict(zip(map(str, trees), medians, strict=True)),
+                     "ratio_to_first": ratios, "seconds": times[config]})
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps({"machine": _cpu_name(), "repeats": args.repeats,
+                                    "rows": rows}, indent=2) + "\n")
+
+
+def _cpu_name() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return os.uname().machine
+
+
+if __name__ == "__main__":
+    main()
