@@ -398,7 +398,7 @@ def _copy(dst, src):  # type: ignore[no-untyped-def]  # pragma: no cover - compi
     """dst[...] = src for arrays of one shape (1 or 2 dimensions), element by element. A slice assignment
     (`dst[:] = src`) makes numba compile its shape-mismatch error, an exception message formatted from the shapes:
     5 to 8 s of the 45-65 s a process with numba's cache empty spends compiling its first greedy translation
-    (numba's compile events; bench/compile_time.py times it)."""
+    (numba's compile events: `bench/compile_time.py --events`)."""
     if src.ndim == 1:
         for i in range(src.shape[0]):
             dst[i] = src[i]
