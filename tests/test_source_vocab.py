@@ -78,14 +78,17 @@ def test_a_sentence_cut_as_before_translates_as_before(tiny_model_dir: Path, ext
     assert max(changed) >= before.model.cfg.src_vocab_size
 
 
-def test_a_run_starts_from_the_copy_and_exports_both_vocabularies(tmp_path: Path) -> None:
-    """The copy of a model trained by `tolk train` seeds a run with --source-spm; at learning rate 0 the run's
-    export is the copy again: the same weights, the same two vocabularies."""
+TRAIN_COMMON = ("--arch", "tiny", "--device", "cpu", "--threads", "1", "--max-tokens", "256", "--eval-every", "1000",
+                "--source", "pt", "--target", "en")
+
+
+def trained_copy(tmp_path: Path) -> tuple[Path, Path]:
+    """A pt-en model of the tiny architecture trained by `tolk train` (2 steps) on write_corpus's corpus, and its copy
+    with a source vocabulary of its own: (corpus, copy)."""
     from tests.tiny import train_spm
 
     corpus, spm_path = write_corpus(tmp_path / "corpus"), train_spm(tmp_path / "spm")
-    common = ("--corpus", str(corpus), "--arch", "tiny", "--device", "cpu", "--threads", "1", "--max-tokens", "256",
-              "--eval-every", "1000", "--source", "pt", "--target", "en")
+    common = ("--corpus", str(corpus), *TRAIN_COMMON)
     first = tmp_path / "first"
     assert tolk(["train", *common, "--spm", str(spm_path), "--run", str(first), "--max-steps", "2",
                  "--save-every", "2"]) == 0
@@ -93,6 +96,14 @@ def test_a_run_starts_from_the_copy_and_exports_both_vocabularies(tmp_path: Path
     ext = tmp_path / "extended"
     assert tolk(["extend-source-vocab", str(tmp_path / "model"), str(ext), "--text", str(corpus / "train.pt"),
                  str(write_text(tmp_path / "pt.txt")), "--vocab-size", "60", "--pieces", "30"]) == 0
+    return corpus, ext
+
+
+def test_a_run_starts_from_the_copy_and_exports_both_vocabularies(tmp_path: Path) -> None:
+    """The copy of a model trained by `tolk train` seeds a run with --source-spm; at learning rate 0 the run's
+    export is the copy again: the same weights, the same two vocabularies."""
+    corpus, ext = trained_copy(tmp_path)
+    common = ("--corpus", str(corpus), *TRAIN_COMMON)
     second = tmp_path / "second"
     vocab = ("--spm", str(ext / "target.spm"), "--source-spm", str(ext / "source.spm"))
     with pytest.raises(ValueError, match="source.spm is not the run.s vocabulary .* pass it as --source-spm"):

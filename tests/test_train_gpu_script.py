@@ -43,9 +43,32 @@ def test_dry_run_start_status_collect_join(tmp_path: Path) -> None:
     for name, (source, target) in (("en-pt-small", ("en", "pt")), ("pt-en-small", ("pt", "en"))):
         loaded = checkpoint.load(tmp_path / "models" / name, device="cpu")
         assert (loaded.info.source_language, loaded.info.target_language) == (source, target)
-        shipped_spm = (REPO / "weights" / "en-pt" / "source.spm").read_bytes()
-        assert (tmp_path / "models" / name / "source.spm").read_bytes() == shipped_spm  # the shipped vocabulary
+        shared = (REPO / "weights" / "en-pt" / "target.spm").read_bytes()  # the shipped models' shared vocabulary
+        for spm in ("source.spm", "target.spm"):
+            assert (tmp_path / "models" / name / spm).read_bytes() == shared
     assert not (tmp_path / "models" / "en-pt-medium").exists()  # scores only
+
+
+def test_a_run_continues_a_model_whose_source_has_a_vocabulary_of_its_own(tmp_path: Path) -> None:
+    """`start --init` with a model made by `tolk extend-source-vocab` (as the shipped pt-en is): the run trains on
+    that model's two vocabularies, and the model it brings back has them."""
+    from tests.test_source_vocab import trained_copy
+
+    corpus, ext = trained_copy(tmp_path)
+    work, out = tmp_path / "work", tmp_path / "out"
+    script("start", "--corpus", corpus, "--work", work, "--minutes", "0.3", "--device", "cpu", "--dry-run",
+           "--runs", "pt-en-small", "--init", f"pt-en-small={ext}")
+    script("collect", "--work", work, "--out", out, "--runs", "pt-en-small", "--weights", "pt-en-small",
+           "--device", "cpu", "--limit", "8", "--timeout", "100", "--shipped", "none")
+    run = json.loads((out / "scores.json").read_text())["runs"]["pt-en-small"]
+    assert run["state"] == "done" and run["step"] > 0, run
+    script("join", "--pieces", out, "--out", tmp_path / "models")
+    model = tmp_path / "models" / "pt-en-small"
+    for spm in ("source.spm", "target.spm"):
+        assert (model / spm).read_bytes() == (ext / spm).read_bytes(), spm
+    assert (ext / "source.spm").read_bytes() != (ext / "target.spm").read_bytes()
+    loaded = checkpoint.load(model, device="cpu")
+    assert loaded.model.cfg.src_vocab_size > loaded.model.cfg.tgt_vocab_size  # the source's own pieces kept
 
 
 def test_pack_corpus_adds_extra_train_pairs_and_keeps_the_held_out_splits(tmp_path: Path) -> None:

@@ -1,8 +1,9 @@
 """Three trainings at once on one lent GPU, their scores and weights brought back through a small folder.
 
 The GPU machine has no network and returns at most 8 files of 16 MB per command, so the corpus goes there as one
-.tar.xz and each exported model comes back as a tar cut into 15 MB pieces (weights in float16). Every run reuses the
-shipped model's SentencePiece model, so their vocabularies are identical to weights/en-pt's.
+.tar.xz and each exported model comes back as a tar cut into 15 MB pieces (weights in float16). A run from scratch
+reuses the shipped models' shared SentencePiece model (weights/en-pt/target.spm); a run that continues a model
+(`--init`) takes that model's vocabularies, its source's own where it has one (`tolk extend-source-vocab`).
 
     python bench/gpu/train.py pack-corpus --corpus data/corpus --out data/corpus.tar.xz     # here
     python bench/gpu/train.py start --corpus data/corpus.tar.xz --work /tmp/tolk-gpu --minutes 12  # GPU machine
@@ -104,12 +105,24 @@ def run_dir(work: Path, name: str) -> Path:
     return work / "runs" / name
 
 
-def train_argv(spec: RunSpec, corpus: Path, run: Path, minutes: float, device: str, spm: Path,
+def vocabulary_argv(shared: Path, init: Path | None) -> list[str]:
+    """`tolk train`'s vocabulary flags: the shared vocabulary, or the one of the model a run continues, with
+    `--source-spm` when that model's source has a vocabulary of its own (tolk train refuses it otherwise)."""
+    if init is None:
+        return ["--spm", str(shared)]
+    source, target = init / "source.spm", init / "target.spm"
+    argv = ["--spm", str(target)]
+    if source.read_bytes() != target.read_bytes():
+        argv += ["--source-spm", str(source)]
+    return argv
+
+
+def train_argv(spec: RunSpec, corpus: Path, run: Path, minutes: float, device: str, vocab: list[str],
                dry_run: bool) -> list[str]:
     s = DRY_TRAINING if dry_run else GPU_TRAINING
     lr = 3e-3 if dry_run else spec.lr
     return ["--corpus", str(corpus), "--run", str(run), "--arch", "tiny" if dry_run else spec.arch,
-            "--source", spec.source, "--target", spec.target, "--spm", str(spm), "--device", device,
+            "--source", spec.source, "--target", spec.target, *vocab, "--device", device,
             "--max-tokens", str(s["max_tokens"]), "--lr", str(lr), "--warmup", str(s["warmup"]),
             "--save-every", str(s["save_every"]), "--average", str(s["keep"]), "--eval-every", str(s["eval_every"]),
             "--dev-sentences", str(s["dev_sentences"]), "--max-steps", str(s["max_steps"]),
@@ -129,9 +142,11 @@ def start(args: argparse.Namespace) -> int:
             print(f"{spec.name}: already running (pid {(run / 'pid').read_text().strip()})")
             continue
         (run / "done.json").unlink(missing_ok=True)
-        argv = train_argv(spec, corpus, run, args.minutes, args.device, args.spm.resolve(), args.dry_run)
-        if spec.name in inits:
-            argv += ["--init", str(inits[spec.name].resolve())]
+        init = inits[spec.name].resolve() if spec.name in inits else None
+        argv = train_argv(spec, corpus, run, args.minutes, args.device, vocabulary_argv(args.spm.resolve(), init),
+                          args.dry_run)
+        if init is not None:
+            argv += ["--init", str(init)]
         plan = {"spec": asdict(spec), "minutes": args.minutes, "dry_run": args.dry_run, "corpus": str(corpus),
                 "train": argv,
                 "export": ["--run", str(run), "--corpus", str(corpus), "--export", str(run / "export"),
@@ -323,7 +338,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--minutes", type=float, required=True, help="training time of each run")
     p.add_argument("--runs", nargs="+", default=[r.name for r in RUNS], choices=[r.name for r in RUNS])
     p.add_argument("--device", default="cuda")
-    p.add_argument("--spm", type=Path, default=REPO / "weights/en-pt/source.spm", help="the runs' vocabulary")
+    p.add_argument("--spm", type=Path, default=REPO / "weights/en-pt/target.spm",
+                   help="the vocabulary of the runs from scratch (the shipped models' shared one)")
     p.add_argument("--dry-run", action="store_true", help="tiny architecture, a few steps: checks the path")
     p.add_argument("--init", nargs="*", default=[], metavar="RUN=MODEL_DIR",
                    help="that run starts from these weights (e.g. a previous session's model, rebuilt by join and "
