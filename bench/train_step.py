@@ -16,8 +16,10 @@ from __future__ import annotations
 import argparse
 import copy
 import json
+import shutil
 import statistics
 import sys
+import tempfile
 import time
 from dataclasses import replace
 from pathlib import Path
@@ -55,22 +57,24 @@ def main() -> None:
     p.add_argument("--out", type=Path, default=None,
                    help="default bench/results/train-step-autocast.json or train-step-cpu.json")
     args = p.parse_args()
-    import sentencepiece as spm
     import torch
     from engines import cpu_name
     from int8_products import cpu_flags
 
     torch.set_num_threads(args.threads)
-    # `tolk train`'s own Trainer, started from the model's weights (its run folder caches the encoded corpus only)
-    spm_path = args.model / "source.spm"
-    run = Path("/tmp/tolk-train-step")
-    run.mkdir(exist_ok=True)
+    # `tolk train`'s own Trainer, started from the model's weights; its run folder caches the encoded corpus only,
+    # and is new each time: a cache is not checked against the vocabulary that wrote it
+    target_spm, source_spm = args.model / "target.spm", args.model / "source.spm"
+    run = Path(tempfile.mkdtemp(prefix="tolk-train-step-"))
     parser = argparse.ArgumentParser()
     train.add_arguments(parser)
     targs = parser.parse_args(["--corpus", str(args.corpus), "--run", str(run), "--init", str(args.model),
                                "--device", "cpu", "--threads", str(args.threads)])
     cfg = replace(checkpoint.read_meta(args.model).cfg, dropout=targs.dropout)  # training's dropout, as a run has
-    trainer = train.Trainer(targs, cfg, spm.SentencePieceProcessor(model_file=str(spm_path)), spm_path, ("en", "pt"))
+    # the model's own vocabularies: one path twice where its source's is the shared one (as `tolk train` has them)
+    own_source = source_spm.exists() and source_spm.read_bytes() != target_spm.read_bytes()
+    vocab = train.Vocabularies(source_spm if own_source else target_spm, target_spm)
+    trainer = train.Trainer(targs, cfg, vocab, ("en", "pt"))
     trainer.model.train()
     batches = make_batches(trainer.src, trainer.tgt, args.max_tokens, targs.max_len, 1)[: args.n]
     tokens = 0
@@ -122,6 +126,7 @@ def main() -> None:
     name = "train-step-autocast.json" if args.compare == "autocast" else "train-step-cpu.json"
     out = args.out or ROOT / "bench/results" / name
     out.write_text(json.dumps(result, indent=2) + "\n")
+    shutil.rmtree(run, ignore_errors=True)
     print(f"wrote {out}")
 
 

@@ -1,0 +1,30 @@
+"""`bench/train_step.py` runs against `tolk train`'s own Trainer: when the Trainer's signature changed, the script
+broke without a test noticing. Here it times one micro-batch of a tiny model per mode and writes its JSON."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.test_train import write_corpus
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@pytest.mark.parametrize("compare, modes", [("step", ["plain", "step"]), ("autocast", ["float32", "bfloat16"])])
+def test_the_training_step_benchmark_runs_on_a_model_directory(tiny_model_dir: Path, tmp_path: Path, compare: str,
+                                                               modes: list[str]) -> None:
+    corpus, out = write_corpus(tmp_path / "corpus"), tmp_path / "result.json"
+    subprocess.run([sys.executable, str(ROOT / "bench/train_step.py"), "--compare", compare, "--corpus", str(corpus),
+                    "--model", str(tiny_model_dir), "--rounds", "1", "-n", "2", "--max-tokens", "256",
+                    "--out", str(out)], check=True, timeout=240, capture_output=True)
+    result = json.loads(out.read_text())
+    assert [row["mode"] for row in result["rows"]] == modes
+    assert result["micro_batches"] == 2 and result["tokens_per_micro_batch"] > 0
+    assert all(row["seconds_per_micro_batch"] > 0 and len(row["rounds"]) == 1 for row in result["rows"])
+    first, second = (row["rounds"][0] for row in result["rows"])
+    assert result["speedup_median"] == pytest.approx(first / second)
