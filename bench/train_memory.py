@@ -36,21 +36,18 @@ def rss_mb() -> float:
 
 def run_mode(args: argparse.Namespace) -> None:
     """One mode's run in this process; prints one JSON line: the resident MB after each step."""
-    import sentencepiece as spm
     import torch
 
     torch.set_num_threads(1)
     if args.mode == "no-trim":
         train.release_freed_memory = lambda device: None
-    spm_path = args.model / "source.spm"
     with tempfile.TemporaryDirectory() as run:
         parser = argparse.ArgumentParser()
         train.add_arguments(parser)
         targs = parser.parse_args(["--corpus", str(args.corpus), "--run", run, "--init", str(args.model),
                                    "--device", "cpu", "--threads", "1"])
         cfg = replace(checkpoint.read_meta(args.model).cfg, dropout=targs.dropout)
-        trainer = train.Trainer(targs, cfg, spm.SentencePieceProcessor(model_file=str(spm_path)), spm_path,
-                                ("en", "pt"))
+        trainer = train.Trainer(targs, cfg, train.model_vocabularies(args.model), ("en", "pt"))
         trainer.model.train()
         batches = make_batches(trainer.src, trainer.tgt, targs.max_tokens, targs.max_len, 3)
         after = [rss_mb()]

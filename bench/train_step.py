@@ -64,17 +64,13 @@ def main() -> None:
     torch.set_num_threads(args.threads)
     # `tolk train`'s own Trainer, started from the model's weights; its run folder caches the encoded corpus only,
     # and is new each time: a cache is not checked against the vocabulary that wrote it
-    target_spm, source_spm = args.model / "target.spm", args.model / "source.spm"
     run = Path(tempfile.mkdtemp(prefix="tolk-train-step-"))
     parser = argparse.ArgumentParser()
     train.add_arguments(parser)
     targs = parser.parse_args(["--corpus", str(args.corpus), "--run", str(run), "--init", str(args.model),
                                "--device", "cpu", "--threads", str(args.threads)])
     cfg = replace(checkpoint.read_meta(args.model).cfg, dropout=targs.dropout)  # training's dropout, as a run has
-    # the model's own vocabularies: one path twice where its source's is the shared one (as `tolk train` has them)
-    own_source = source_spm.exists() and source_spm.read_bytes() != target_spm.read_bytes()
-    vocab = train.Vocabularies(source_spm if own_source else target_spm, target_spm)
-    trainer = train.Trainer(targs, cfg, vocab, ("en", "pt"))
+    trainer = train.Trainer(targs, cfg, train.model_vocabularies(args.model), ("en", "pt"))
     trainer.model.train()
     batches = make_batches(trainer.src, trainer.tgt, args.max_tokens, targs.max_len, 1)[: args.n]
     tokens = 0

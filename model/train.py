@@ -129,6 +129,14 @@ class Vocabularies:
         return self.source == self.target
 
 
+def model_vocabularies(directory: Path) -> Vocabularies:
+    """A model directory's vocabularies as a run started from it has them: its target.spm for both sides, or beside
+    it its source.spm where that is a vocabulary of its own."""
+    target, source = directory / "target.spm", directory / "source.spm"
+    own = source.exists() and source.read_bytes() != target.read_bytes()
+    return Vocabularies(source if own else target, target)
+
+
 def _run_copy(given: Path | None, path: Path, option: str) -> None:
     if given is None:
         return

@@ -1,5 +1,5 @@
-"""`bench/train_step.py` runs against `tolk train`'s own Trainer: when the Trainer's signature changed, the script
-broke without a test noticing. Here it times one micro-batch of a tiny model per mode and writes its JSON."""
+"""`bench/train_step.py` and `bench/train_memory.py` build `tolk train`'s own Trainer: when its signature changed,
+both broke at start without a test noticing. Here each runs a step or two of a tiny model and writes its JSON."""
 
 from __future__ import annotations
 
@@ -28,3 +28,15 @@ def test_the_training_step_benchmark_runs_on_a_model_directory(tiny_model_dir: P
     assert all(row["seconds_per_micro_batch"] > 0 and len(row["rounds"]) == 1 for row in result["rows"])
     first, second = (row["rounds"][0] for row in result["rows"])
     assert result["speedup_median"] == pytest.approx(first / second)
+
+
+def test_the_training_memory_benchmark_runs_on_a_model_directory(tiny_model_dir: Path, tmp_path: Path) -> None:
+    corpus, out = write_corpus(tmp_path / "corpus"), tmp_path / "result.json"
+    subprocess.run([sys.executable, str(ROOT / "bench/train_memory.py"), "--corpus", str(corpus),
+                    "--model", str(tiny_model_dir), "-n", "2", "--out", str(out)],
+                   check=True, timeout=240, capture_output=True)
+    result = json.loads(out.read_text())
+    assert result["steps"] == 2
+    # the resident set before the first step and after each, per mode
+    assert sorted(result["rss_mb_after_step"]) == ["no-trim", "trim"]
+    assert all(len(rss) == 3 and min(rss) > 0 for rss in result["rss_mb_after_step"].values())

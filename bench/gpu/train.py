@@ -110,11 +110,11 @@ def vocabulary_argv(shared: Path, init: Path | None) -> list[str]:
     `--source-spm` when that model's source has a vocabulary of its own (tolk train refuses it otherwise)."""
     if init is None:
         return ["--spm", str(shared)]
-    source, target = init / "source.spm", init / "target.spm"
-    argv = ["--spm", str(target)]
-    if source.read_bytes() != target.read_bytes():
-        argv += ["--source-spm", str(source)]
-    return argv
+    from model.train import model_vocabularies
+
+    vocab = model_vocabularies(init)
+    argv = ["--spm", str(vocab.target)]
+    return argv if vocab.shared else [*argv, "--source-spm", str(vocab.source)]
 
 
 def train_argv(spec: RunSpec, corpus: Path, run: Path, minutes: float, device: str, vocab: list[str],
