@@ -22,6 +22,7 @@ from server.errors import (
     NotReady,
     PayloadTooLarge,
     Unauthorized,
+    ValidationFailed,
     from_validation,
 )
 from server.metrics import Metrics
@@ -152,19 +153,47 @@ async def _form_pairs(request: Request, body: bytes) -> list[tuple[str, str]]:
         raise InvalidEncoding("form field is not valid UTF-8") from exc
 
 
+def _json_object(body: bytes) -> dict[str, Any]:
+    """A JSON body that must be an object (to merge query-string fields into); empty counts as {}."""
+    text = _decode(body)
+    if not text.strip():
+        return {}
+    try:
+        data = json.loads(text)
+    except ValueError as exc:
+        raise InvalidJSON("request body is not valid JSON") from exc
+    if not isinstance(data, dict):
+        raise ValidationFailed("request body must be a JSON object")
+    return data
+
+
+def _with_query(body: dict[str, Any], query: dict[str, Any]) -> dict[str, Any]:
+    """Fields of the body, and those only the query string has (a field in both is the body's)."""
+    merged = {**query, **body}
+    if "options" in query and "options" in body and isinstance(body["options"], dict):
+        merged["options"] = {**query["options"], **body["options"]}
+    return merged
+
+
 async def parse_request(request: Request, model: type[M], settings: Settings) -> M:
-    """A request body from JSON, a form (urlencoded or multipart), or the query string (GET)."""
+    """A request body from JSON, a form (urlencoded or multipart), or the query string. A POST may carry fields in
+    its query string too (LibreTranslate's form clients send every field, `api_key` included, that way)."""
     nested = "options" in model.model_fields
+    query = parse_qsl(request.url.query, keep_blank_values=True)
     if request.method == "GET":
-        data = _from_pairs(parse_qsl(request.url.query, keep_blank_values=True), nested)
+        data = _from_pairs(query, nested)
     else:
         body = await read_body(request, settings.max_body_bytes)
         content_type = request.headers.get("content-type", "application/json")
         if content_type.startswith(("application/x-www-form-urlencoded", "multipart/form-data")):
             data = _from_pairs(await _form_pairs(request, body), nested)
-        else:
+        elif not query:
             parsed: M = validate_json(model, body)
             return parsed
+        else:
+            data = _json_object(body)
+        if query:
+            data = _with_query(data, _from_pairs(query, nested))
     try:
         return model.model_validate(data)
     except ValidationError as exc:
@@ -181,9 +210,13 @@ async def detect_request(request: Request, settings: SettingsDep) -> DetectReque
     return await parse_request(request, DetectRequest, settings)
 
 
-def bearer(request: Request) -> str | None:
+def bearer(request: Request, schemes: tuple[str, ...] = ("bearer",)) -> str | None:
+    """The token of the Authorization header when its scheme is one of `schemes` (lower case)."""
     scheme, _, token = request.headers.get("authorization", "").partition(" ")
-    return token.strip() if scheme.lower() == "bearer" and token.strip() else None
+    return token.strip() if scheme.lower() in schemes and token.strip() else None
+
+
+KEY_SCHEMES = ("bearer", "deepl-auth-key")  # DeepL's SDKs send `Authorization: DeepL-Auth-Key KEY`
 
 
 def key_matches(given: str, keys: list[SecretStr]) -> bool:
@@ -195,11 +228,12 @@ def key_matches(given: str, keys: list[SecretStr]) -> bool:
 
 
 def check_api_key(request: Request, settings: Settings, body_key: str | None) -> str | None:
-    """When the server has API keys, a request needs one: Authorization: Bearer, or LibreTranslate's api_key.
-    Returns the verified key (None when the server has no keys: then a key the client sends means nothing)."""
+    """When the server has API keys, a request needs one: Authorization: Bearer (or DeepL-Auth-Key), or the key the
+    route found in the request (LibreTranslate's api_key, a plugin's token). Returns the verified key (None when
+    the server has no keys: then a key the client sends means nothing, and is accepted)."""
     if not settings.api_keys:
         return None
-    given = bearer(request) or body_key
+    given = bearer(request, KEY_SCHEMES) or body_key
     if not given:
         raise Unauthorized("an API key is required (Authorization: Bearer KEY, or api_key)")
     if not key_matches(given, settings.api_keys):
