@@ -7,7 +7,7 @@ response or as an SSE `error` event. Stack traces never leave the server.
 from __future__ import annotations
 
 import logging
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import anyio
@@ -109,6 +109,12 @@ class RateLimited(Overloaded):
     error_type = "rate_limited"
 
 
+class QuotaExceeded(TolkError):
+    """An API key has used up its characters for this month (TOLK_CHARACTER_LIMIT): DeepL's 456."""
+
+    error_type = "quota_exceeded"
+
+
 class NotReady(TolkError):
     error_type = "not_ready"
 
@@ -140,6 +146,7 @@ STATUS: dict[type[TolkError], int] = {
     PayloadTooLarge: 413,
     ValidationFailed: 422,
     Overloaded: 429,
+    QuotaExceeded: 456,  # DeepL's status for a used-up character allowance; its SDKs raise their own error for it
     ClientClosed: 499,  # nginx's convention for a request the client abandoned
     EngineFailure: 500,
     NotReady: 503,
@@ -157,6 +164,19 @@ def status_of(error: TolkError) -> int:
 
 def error_body(error: TolkError) -> dict[str, str]:
     return {"error": error.message, "error_type": error.error_type}
+
+
+ErrorShape = Callable[[TolkError, int], dict[str, Any]]  # an API's error body, from the error and its status
+
+
+def shaped_body(request: Request, error: TolkError, status: int) -> dict[str, Any]:
+    """The error body in the shape of the API the path belongs to (`app.state.error_shapes`: path prefix -> shape;
+    DeepL's clients read `message`), else Tolk's own."""
+    for prefix, shape in getattr(request.app.state, "error_shapes", ()):
+        if request.url.path.startswith(prefix):
+            body: dict[str, Any] = shape(error, status)
+            return body
+    return error_body(error)
 
 
 def describe_validation(errors: Sequence[Any], limit: int = 3) -> str:
@@ -186,7 +206,8 @@ def error_response(request: Request, error: TolkError) -> JSONResponse:
     if metrics is not None:
         metrics.failures.labels(error_type=error.error_type).inc()
     headers = {"Retry-After": str(error.retry_after)} if isinstance(error, Overloaded) else None
-    return JSONResponse(error_body(error), status_code=status_of(error), headers=headers)
+    status = status_of(error)
+    return JSONResponse(shaped_body(request, error, status), status_code=status, headers=headers)
 
 
 _HTTP_TYPES: dict[int, type[TolkError]] = {
