@@ -97,6 +97,8 @@ class Settings(BaseSettings):
     max_file_expanded_bytes: int = Field(default=64 << 20, ge=1024, description="bytes of a zipped document "
                                          "(docx, pptx, odt, odp, epub) once decompressed, all entries together")
     max_file_entries: int = Field(default=2000, ge=1, description="entries in a zipped document")
+    max_file_nodes: int = Field(default=1_000_000, ge=100, description="elements and attributes of the markup "
+                                "read from one file (XML parts, HTML pages), counted in its bytes before any parse")
     file_ttl: float = Field(default=1800.0, gt=0, description="seconds a translated file can be downloaded")
     file_timeout: float = Field(default=1800.0, gt=0, description="seconds a file's translation may wait and decode "
                                 "before it fails with 504 (TOLK_REQUEST_TIMEOUT is for requests of texts)")
@@ -145,7 +147,7 @@ class Settings(BaseSettings):
                 "batching", "max_batch_rows", "max_source_tokens", "max_queue", "request_timeout", "max_text_chars",
                 "max_texts", "max_body_bytes", "max_new_tokens", "max_beam_size", "max_alternatives", "files",
                 "max_file_bytes", "max_file_chars", "max_file_expanded_bytes", "max_file_entries", "file_ttl",
-                "file_timeout",
+                "file_timeout", "max_file_nodes",
                 "max_document_jobs", "max_glossaries", "max_glossary_entries", "max_glossary_term_chars",
             }
         ) | {"api_key_required": bool(self.api_keys), "rate_limit": self.rate_limit}

@@ -11,7 +11,7 @@ from server.documents.archive import Limits, entry_map, read_zip, write_zip
 from server.documents.document import Document
 from server.documents.markup import decode_text, encode_text, to_markup
 from server.documents.office import apply, translatable_parts
-from server.documents.xmltext import Dialect, qualify, serialize_xml, xml_safe
+from server.documents.xmltext import Budget, Dialect, check_html, qualify, serialize_xml, xml_safe
 from server.errors import InvalidDocument
 
 MIMETYPE = b"application/epub+zip"
@@ -29,9 +29,12 @@ def read_epub(data: bytes, name: str, limits: Limits, target: str | None = None)
     mimetype = by_name.get("mimetype")
     if CONTAINER not in by_name or (mimetype is not None and mimetype.data.strip() != MIMETYPE):
         raise InvalidDocument(f"{name} is not an EPUB book (no {CONTAINER}, or another mimetype)")
+    budget = Budget(limits.nodes, name)
     pages = [(entry, *decode_text(entry.data, entry.info.filename)) for entry in entries
              if PAGES.fullmatch(entry.info.filename)]
-    parts, units = translatable_parts(entries, METADATA, LABELS)
+    for entry, text, _ in pages:
+        check_html(text, entry.info.filename, budget)
+    parts, units = translatable_parts(entries, METADATA, LABELS, budget)
 
     def rebuild(translated: list[str]) -> bytes:
         for (entry, _, encoding), text in zip(pages, translated, strict=False):

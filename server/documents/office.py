@@ -14,7 +14,16 @@ from typing import Any
 from server.documents.archive import Entry, Limits, entry_map, read_zip, write_zip
 from server.documents.document import Document
 from server.documents.markup import from_markup, to_markup
-from server.documents.xmltext import Dialect, Span, paragraphs, parse_xml, qualify, serialize_xml, spans
+from server.documents.xmltext import (
+    Budget,
+    Dialect,
+    Span,
+    paragraphs,
+    parse_xml,
+    qualify,
+    serialize_xml,
+    spans,
+)
 from server.errors import InvalidDocument
 
 W = "http://schemas.openxmlformats.org/wordprocessingml/2006/main"
@@ -72,10 +81,10 @@ def _check(package: Package, entries: dict[str, Entry], name: str) -> None:
                               f"{mimetype.data[:80].decode('utf-8', 'replace')!r}")
 
 
-def translatable_parts(entries: list[Entry], select: re.Pattern[str], dialect: Dialect,
+def translatable_parts(entries: list[Entry], select: re.Pattern[str], dialect: Dialect, budget: Budget,
                        ) -> tuple[list[tuple[Entry, Any]], list[list[Span]]]:
     """The parsed parts that `select` names, and the spans of each of their paragraphs that has text."""
-    parts = [(entry, parse_xml(entry.data, entry.info.filename)) for entry in entries
+    parts = [(entry, parse_xml(entry.data, entry.info.filename, budget)) for entry in entries
              if select.fullmatch(entry.info.filename)]
     units = [found for _, tree in parts for p in paragraphs(tree, dialect) if (found := spans(p, dialect))]
     return parts, units
@@ -91,7 +100,7 @@ def apply(units: list[list[Span]], translated: list[str], dialect: Dialect) -> N
 def read_package(data: bytes, name: str, limits: Limits, package: Package) -> Document:
     entries = read_zip(data, name, limits)
     _check(package, entry_map(entries), name)
-    parts, units = translatable_parts(entries, package.parts, package.dialect)
+    parts, units = translatable_parts(entries, package.parts, package.dialect, Budget(limits.nodes, name))
 
     def rebuild(translated: list[str]) -> bytes:
         apply(units, translated, package.dialect)

@@ -5,6 +5,7 @@ from __future__ import annotations
 from server.documents.archive import Limits
 from server.documents.document import Document
 from server.documents.markup import decode_text, encode_text, from_markup, to_markup
+from server.documents.xmltext import Budget, check_html
 
 
 def read_txt(data: bytes, name: str, limits: Limits, target: str | None = None) -> Document:
@@ -16,4 +17,5 @@ def read_txt(data: bytes, name: str, limits: Limits, target: str | None = None) 
 def read_html(data: bytes, name: str, limits: Limits, target: str | None = None) -> Document:
     """The page is one text in /translate's `format: html`: markup, scripts and styles are copied as they are."""
     text, encoding = decode_text(data, name)
+    check_html(text, name, Budget(limits.nodes, name))
     return Document([text], lambda out: encode_text(out[0], encoding))

@@ -25,7 +25,7 @@ from typing import Any
 from server.documents.archive import Limits
 from server.documents.document import Document
 from server.documents.markup import from_markup, to_markup
-from server.documents.xmltext import Element, parse_xml, serialize_xml
+from server.documents.xmltext import Budget, Element, parse_xml, serialize_xml
 from server.errors import InvalidDocument
 
 XLIFF_12 = "urn:oasis:names:tc:xliff:document:1.2"
@@ -115,7 +115,7 @@ def unflatten(target: Element, text: str, elements: list[Element], pairs: bool =
 
 def read_xliff(data: bytes, name: str, limits: Limits, target: str | None = None) -> Document:
     """An XLIFF 1.2 or 2.0 file: one text per source without a translation."""
-    tree = parse_xml(data, name)
+    tree = parse_xml(data, name, Budget(limits.nodes, name))
     root = tree.getroot()
     namespace = root.tag[1:].split("}", 1)[0] if root.tag.startswith("{") else ""
     if _local(root) != "xliff" or namespace not in (XLIFF_12, XLIFF_20):

@@ -167,7 +167,7 @@ async def prepare_file(upload: Upload, registry: Registry, detector: LazyDetecto
                        settings: Settings, glossary: Glossary | None = None) -> PreparedFile:
     """Read the file into texts (in a worker thread) and find its model; every refusal of a file happens here."""
     fmt, ext = find_format(upload.filename)
-    limits = Limits(settings.max_file_expanded_bytes, settings.max_file_entries)
+    limits = Limits(settings.max_file_expanded_bytes, settings.max_file_entries, settings.max_file_nodes)
     document, sample, chars = await run_in_threadpool(read_document, fmt, upload, limits, settings.max_file_chars,
                                                       registry.target_language(upload.target))
     detected = None
