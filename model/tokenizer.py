@@ -127,8 +127,14 @@ class Tokenizer:
             return self._decode_replacing(ids, marked)
         if self.vocab is None:
             return str(self.target.decode([i for i in ids if not self._special(i)]))
-        return str(self.target.decode_pieces([p for i, p in zip(ids, self.pieces(ids), strict=True)
-                                              if not self._special(i)]))
+        return self._spaced(self.target.decode_pieces([p for i, p in zip(ids, self.pieces(ids), strict=True)
+                                                       if not self._special(i)]))
+
+    def _spaced(self, text: str) -> str:
+        """Text decoded from a vocabulary list, as transformers' MarianTokenizer writes it: a piece that only the
+        source's SentencePiece model knows (a name or term copied from the source) passes through decode_pieces as it
+        is, so its U+2581 become spaces here, and the ends are stripped."""
+        return str(text).replace("\u2581", " ").strip() if self.vocab is not None else str(text)
 
     def _decode_replacing(self, ids: list[int], marked: dict[int, str]) -> str:
         """`decode` with each marked unknown token first a private-use marker that SentencePiece passes through as it
@@ -136,7 +142,7 @@ class Tokenizer:
         kept = [f"\ue000{k}\ue001" if k in marked else p
                 for k, (i, p) in enumerate(zip(ids, self.pieces(ids), strict=True))
                 if k in marked or not self._special(i)]
-        text = str(self.target.decode_pieces(kept))
+        text = self._spaced(self.target.decode_pieces(kept))
         for k, piece in marked.items():
             marker, words = f"\ue000{k}\ue001", piece.replace("\u2581", " ")
             if text.startswith(marker) and words.startswith(" "):

@@ -19,7 +19,7 @@ import sentencepiece as spm
 import torch
 from safetensors.torch import load_file, save_file
 
-from model import argos, checkpoint, marian, marian_export
+from model import argos, checkpoint, marian, marian_export, marian_format
 from model.layers import sinusoidal_table
 from model.marian_format import UnsupportedCheckpoint
 from model.search import generate
@@ -376,3 +376,50 @@ def test_streamed_text_equals_decoded_text(imported: checkpoint.LoadedModel) -> 
         detok = imported.tokenizer.detokenizer()
         streamed = "".join(detok.push(t) for t in ids) + detok.flush()
         assert streamed == imported.tokenizer.decode(ids)
+
+
+@pytest.fixture(scope="module")
+def copying(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Any, Any]:
+    """A separate-vocabulary checkpoint with random weights, imported by `tolk import`: its greedy outputs are full of
+    pieces only the source's SentencePiece model knows ("▁paste" repeated), as a real model's are whenever it copies
+    a name or term from the source."""
+    base = tmp_path_factory.mktemp("copying")
+    directory = build_hf_dir(base / "hf", seed=3, steps=0)
+    parser = argparse.ArgumentParser()
+    argos.add_import_arguments(parser)
+    assert argos.import_main(parser.parse_args([str(directory), str(base / "tolk")])) == 0
+    return base / "tolk", *load_hf(directory)
+
+
+def test_pieces_only_the_source_knows_are_written_as_transformers_writes_them(copying: tuple[Path, Any, Any]) -> None:
+    out, model, tokenizer = copying
+    loaded = checkpoint.load(out, device="cpu")
+    texts = source_lines(24, seed=9)
+    ids = hf_generate(model, tokenizer, texts, num_beams=1, max_length=12)
+    assert tolk_generate(loaded, texts, beam_size=1, max_new_tokens=10) == ids
+    target_pieces = set(marian_format.spm_pieces(out / "target.spm"))
+    copied = [i for i in ids if any(loaded.tokenizer.vocab[t] not in target_pieces for t in i)]  # type: ignore[index]
+    assert len(copied) >= 3  # the case this test is about
+    for row in ids:
+        theirs = tokenizer.decode(row, skip_special_tokens=True)
+        assert loaded.tokenizer.decode(row) == theirs
+        assert "\u2581" not in theirs
+        detok = loaded.tokenizer.detokenizer()
+        assert "".join(detok.push(t) for t in row) + detok.flush() == theirs
+
+
+def test_the_server_answers_transformers_text(copying: tuple[Path, Any, Any]) -> None:
+    from fastapi.testclient import TestClient
+
+    from server.app import create_app
+    from tests.test_server_api import server_settings
+
+    out, model, tokenizer = copying
+    texts = source_lines(8, seed=9)
+    # the vocabulary has >>por<< and >>spa<<: the server starts each source with the target's token, as it must
+    ids = hf_generate(model, tokenizer, [f">>por<< {t}" for t in texts], num_beams=1, max_length=12)
+    with TestClient(create_app(server_settings(out))) as client:
+        r = client.post("/translate", json={"q": texts, "source": "en", "target": "pt",
+                                            "options": {"max_new_tokens": 10, "beam_size": 1}})
+    assert r.status_code == 200, r.text
+    assert r.json()["translatedText"] == [tokenizer.decode(row, skip_special_tokens=True) for row in ids]
