@@ -30,6 +30,7 @@ from server.ratelimit import RateLimiter, client_identity
 from server.registry import Registry
 from server.schemas import DetectRequest, GenerationOptions, TranslateRequest
 from server.settings import Settings
+from server.usage import Usage
 
 M = TypeVar("M", bound=BaseModel)
 
@@ -241,12 +242,20 @@ def check_api_key(request: Request, settings: Settings, body_key: str | None) ->
     return given
 
 
-def admit_client(request: Request, settings: Settings, body_key: str | None) -> None:
-    """What every translation and detection request passes first: its API key, then its client's rate limit."""
+def admit_client(request: Request, settings: Settings, body_key: str | None) -> str | None:
+    """What every translation and detection request passes first: its API key, then its client's rate limit.
+    Returns the verified key (None on a server without keys)."""
     key = check_api_key(request, settings, body_key)
     limiter: RateLimiter | None = request.app.state.rate_limiter
     if limiter is not None:
         limiter.hit(client_identity(request, key))
+    return key
+
+
+def usage_of(request: Request) -> Usage:
+    """The app's count of characters translated per key (server/usage.py); 503 while the server starts."""
+    usage: Usage = started(request, "usage")
+    return usage
 
 
 async def require_admin(request: Request, settings: SettingsDep) -> None:

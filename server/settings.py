@@ -116,6 +116,11 @@ class Settings(BaseSettings):
     max_glossary_entries: int = Field(default=10_000, ge=1, description="entries in one glossary")
     max_glossary_term_chars: int = Field(default=200, ge=1, description="characters in one glossary term (and name)")
 
+    # Usage (DeepL's GET /v2/usage)
+    character_limit: int | None = Field(default=None, ge=1, description="characters each API key (without keys: "
+                                        "all clients together) may translate in a calendar month (UTC), counted "
+                                        "in data_dir; beyond it 456, as DeepL answers; None = no limit")
+
     # HTTP
     cors_origins: Annotated[list[str], NoDecode] = Field(default_factory=list, description="empty = CORS off")
     api_keys: Annotated[list[SecretStr], NoDecode] = Field(
