@@ -14,17 +14,33 @@ from fastapi.openapi.utils import get_openapi
 from pydantic import BaseModel
 from starlette.concurrency import run_in_threadpool
 
+from server.deepl import deepl_error
 from server.detect import LazyDetector
 from server.documents.store import FileStore
 from server.errors import DisconnectGuard, install_handlers
 from server.glossaries import GlossaryStore
 from server.metrics import Metrics, MetricsMiddleware
+from server.multilingual import MultilingualStore
 from server.ratelimit import RateLimiter
 from server.registry import Registry
-from server.routes import detect, documents, files, frontend, glossaries, health, info, page, translate
+from server.routes import (
+    deepl,
+    deepl_documents,
+    deepl_glossaries,
+    detect,
+    documents,
+    files,
+    frontend,
+    glossaries,
+    health,
+    info,
+    page,
+    translate,
+)
 from server.routes import settings as settings_routes
 from server.schemas import DetectRequest, GlossaryCreate, SettingsUpdate, TranslateRequest
 from server.settings import Settings
+from server.usage import Usage
 
 log = logging.getLogger(__name__)
 
@@ -38,6 +54,9 @@ async def lifespan(app: FastAPI) -> AsyncIterator[None]:
     jobs: documents.DocumentJobs | None = None
     glossary_store = GlossaryStore(settings.data_dir, settings.max_glossaries, settings.max_glossary_entries,
                                    settings.max_glossary_term_chars)  # its file opens at the first glossary request
+    multilingual = MultilingualStore(settings.data_dir, glossary_store)  # DeepL's /v3 glossaries, beside them
+    usage = Usage(settings.data_dir, settings.character_limit)
+    writer: asyncio.Task[None] | None = None
     try:
         await run_in_threadpool(registry.start)  # starting batchers blocks; the event loop stays free
         app.state.detector = LazyDetector(registry.sources())  # its model loads when it is first needed
@@ -45,6 +64,10 @@ async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         app.state.documents = jobs = documents.DocumentJobs(store, settings.max_document_jobs, settings.file_ttl,
                                                             settings.retry_after)
         app.state.glossaries = glossary_store
+        app.state.multilingual = multilingual
+        await run_in_threadpool(usage.load)
+        app.state.usage = usage
+        writer = asyncio.create_task(usage.keep_writing())
         app.state.registry = registry
         supervisor = asyncio.create_task(registry.supervise(app.state.settings.watchdog_interval))
         yield
@@ -56,8 +79,12 @@ async def lifespan(app: FastAPI) -> AsyncIterator[None]:
             supervisor.cancel()
         registry.stop()
         store.close()
-        app.state.glossaries = None
+        app.state.glossaries = app.state.usage = app.state.multilingual = None
+        multilingual.close()
         glossary_store.close()
+        if writer is not None:
+            writer.cancel()
+        await run_in_threadpool(usage.flush)  # the characters counted since the last write
         log.info("schedulers stopped")
 
 
@@ -87,10 +114,13 @@ def create_app(config: Settings | None = None) -> FastAPI:
     app.state.settings = config
     app.state.metrics = metrics = Metrics()
     app.state.registry = app.state.detector = app.state.files = app.state.documents = None
-    app.state.glossaries = None
+    app.state.glossaries = app.state.usage = app.state.multilingual = None
     app.state.rate_limiter = RateLimiter(config.rate_limit, config.rate_limit_storage) if config.rate_limit else None
     install_handlers(app)
-    for module in (translate, files, documents, glossaries, detect, info, settings_routes, frontend, health, page):
+    # DeepL's clients read errors in DeepL's shape (server/errors.py:shaped_body)
+    app.state.error_shapes = [("/v2/", deepl_error), ("/v3/", deepl_error)]
+    for module in (translate, files, documents, glossaries, detect, info, settings_routes, frontend, health, page,
+                   deepl, deepl_glossaries, deepl_documents):
         app.include_router(module.router)
     app.add_middleware(DisconnectGuard)
     app.add_middleware(MetricsMiddleware, metrics=metrics)

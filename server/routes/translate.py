@@ -12,9 +12,18 @@ from fastapi import APIRouter, Depends, Request, Response
 from fastapi.responses import StreamingResponse
 from fastapi.sse import KEEPALIVE_COMMENT, ServerSentEvent, format_sse_event
 
-from server.deps import DetectorDep, MetricsDep, RegistryDep, SettingsDep, TranslateRequestDep, admit_client
+from server.deps import (
+    DetectorDep,
+    MetricsDep,
+    RegistryDep,
+    SettingsDep,
+    TranslateRequestDep,
+    admit_client,
+    usage_of,
+)
 from server.detect import Detection, LazyDetector
 from server.errors import ClientClosed, TolkError, error_body
+from server.glossaries import Glossary, owner_of
 from server.metrics import Metrics
 from server.plan import PieceEvent, TextResult
 from server.registry import Registry
@@ -83,22 +92,30 @@ STREAM_ERRORS: dict[int | str, dict[str, Any]] = {
 
 
 async def start(request: Request, req: TranslateRequest, registry: Registry, detector: LazyDetector,
-                settings: Settings, stream: bool) -> RoutedTranslation:
-    """Check the request and queue its sentences; every refusal happens here, before any answer starts."""
-    admit_client(request, settings, req.api_key)
+                settings: Settings, stream: bool, glossary: Glossary | None = None) -> RoutedTranslation:
+    """Check the request and queue its sentences; every refusal happens here, before any answer starts.
+
+    `glossary`: one the caller found already (DeepL's multilingual glossaries), instead of `req.glossary_id`'s.
+    The characters of the texts count towards the key's usage (server/usage.py) once they are queued.
+    """
+    key = admit_client(request, settings, req.api_key)
+    usage, owner = usage_of(request), owner_of(key)
+    usage.check(owner)
     texts = req.texts
     check_texts(texts, settings.max_texts, settings.max_text_chars)
     html = req.format == "html"
-    glossary = None
     source = req.source
-    if req.glossary_id:  # (a form's empty field is none)
+    if req.glossary_id and glossary is None:  # (a form's empty field is none)
         glossary = await glossary_for(request, settings, req.glossary_id, req.api_key)
-        if source == "auto":  # as DeepL, a glossary names the source language
-            source = glossary.info.source_lang
+    if glossary is not None and source == "auto":  # as DeepL, a glossary names the source language
+        source = glossary.info.source_lang
     routing = await route(registry, detector, source, req.target, texts, html)
     # Token log-probs are read only by a stream (each token's logprob) and by return_scores; greedy rows skip them.
     options = {**req.options.generation(), "scores": stream or req.options.return_scores}
-    return await RoutedTranslation.start(routing, texts, html, options, req.alternatives, stream, glossary=glossary)
+    translation = await RoutedTranslation.start(routing, texts, html, options, req.alternatives, stream,
+                                                glossary=glossary)
+    usage.add(owner, sum(map(len, texts)))
+    return translation
 
 
 async def _disconnected(request: Request) -> None:
