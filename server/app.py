@@ -35,6 +35,7 @@ from server.routes import (
     health,
     info,
     page,
+    plugins,
     translate,
 )
 from server.routes import settings as settings_routes
@@ -117,10 +118,10 @@ def create_app(config: Settings | None = None) -> FastAPI:
     app.state.glossaries = app.state.usage = app.state.multilingual = None
     app.state.rate_limiter = RateLimiter(config.rate_limit, config.rate_limit_storage) if config.rate_limit else None
     install_handlers(app)
-    # DeepL's clients read errors in DeepL's shape (server/errors.py:shaped_body)
-    app.state.error_shapes = [("/v2/", deepl_error), ("/v3/", deepl_error)]
+    # DeepL's clients and the plugins read errors in their API's shape (server/errors.py:shaped_body)
+    app.state.error_shapes = [("/v2/", deepl_error), ("/v3/", deepl_error), *plugins.ERROR_SHAPES]
     for module in (translate, files, documents, glossaries, detect, info, settings_routes, frontend, health, page,
-                   deepl, deepl_glossaries, deepl_documents):
+                   deepl, deepl_glossaries, deepl_documents, plugins):
         app.include_router(module.router)
     app.add_middleware(DisconnectGuard)
     app.add_middleware(MetricsMiddleware, metrics=metrics)
