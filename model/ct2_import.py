@@ -44,8 +44,7 @@ PAD_PIECES = ("<blank>", "<pad>")
 # Flags Tolk ignores, or accepts only when false/absent; anything else left over after the mapping is refused.
 IGNORED = re.compile(r"^((en|de)coder/)?(num_heads|pre_norm|activation|embeddings_merge|alignment_layer|"
                      r"alignment_heads|scale_embeddings|multiply_by_sqrt_depth)$|/multiply_by_sqrt_depth$")
-MUST_BE_OFF = ("start_from_zero_embedding", "alibi", "alibi_use_positive_positions", "scale_alibi",
-               "multi_query_attention")
+MUST_BE_OFF = ("alibi", "alibi_use_positive_positions", "scale_alibi", "multi_query_attention")
 UNSUPPORTED = {  # a variable's name -> what it means, for the error message
     "relative_position": "relative position representations", "relative_attention_bias": "relative attention bias",
     "rotary": "rotary position embeddings", "linear_0_noact": "gated feed-forward layers (GLU)",
@@ -255,6 +254,20 @@ def with_pad(source: list[str], target: list[str], weights: dict[str, Tensor]) -
     return [*source, "<pad>"], [*target, "<pad>"], len(target)
 
 
+def zero_start(source: list[str], target: list[str], weights: dict[str, Tensor], pad: int
+               ) -> tuple[list[str], list[str], int]:
+    """The id of a target row of zeros for the decoder to start from (CTranslate2's start_from_zero_embedding, which
+    its Marian converters set): the padding row when it is zero (as with_pad adds it), else a zero row added to
+    every table. A zero row scaled is still zero, so the first step is CTranslate2's; the start is never generated."""
+    if not weights["tgt_embed.weight"][pad].any():
+        return source, target, pad
+    for name in ("src_embed.weight", "tgt_embed.weight", "out_proj.weight", "out_bias"):
+        if name in weights:
+            w = weights[name]
+            weights[name] = torch.cat([w, w.new_zeros((1, *w.shape[1:]))])
+    return [*source, "<start>"], [*target, "<start>"], len(target)
+
+
 def token_ids(config: dict[str, Any], target: list[str]) -> dict[str, Any]:
     """config.json's special tokens as Tolk's ids."""
 
@@ -310,19 +323,25 @@ def import_ct2(src_dir: Path | str, out_dir: Path | str, info: checkpoint.ModelI
     rows, perm = positions(v, raw)
     if perm is not None:
         weights = permute_hidden(weights, perm)
+    starts_from_zero = bool(v.flag("decoder", "start_from_zero_embedding", 0.0))
     left = [n for n in v.left if not IGNORED.search(n) and n.rsplit("/", 1)[-1] not in MUST_BE_OFF]
     if left:
         raise UnsupportedCheckpoint(f"model.bin holds variables Tolk has no place for: {sorted(left)[:5]}")
     if len(source) != weights["src_embed.weight"].shape[0] or len(target) != weights["tgt_embed.weight"].shape[0]:
         raise UnsupportedCheckpoint("the vocabularies' sizes differ from the embedding tables'")
     source, target, pad = with_pad(source, target, weights)
+    ids = token_ids(config, target)
+    if starts_from_zero:
+        # A Marian model: its sources end with </s>, which CTranslate2's transformers converter leaves to
+        # transformers' tokenizer to add (its Marian converter writes add_source_eos instead).
+        source, target, start = zero_start(source, target, weights, pad)
+        ids.update(decoder_start_id=start, add_source_eos=True)
     src_table, tgt_table = weights["src_embed.weight"], weights["tgt_embed.weight"]
     share = source == target and torch.equal(src_table, tgt_table)
     tie = torch.equal(weights["out_proj.weight"], tgt_table)
     cfg = ModelConfig(src_vocab_size=len(source), tgt_vocab_size=len(target), **fields,
                       encoder_layers=layers[0], decoder_layers=layers[1], share_embeddings=share, tie_output=tie,
-                      output_bias="out_bias" in weights, max_positions=rows, pad_id=pad,
-                      **token_ids(config, target), dropout=0.0)
+                      output_bias="out_bias" in weights, max_positions=rows, pad_id=pad, **ids, dropout=0.0)
     model = Transformer(cfg)
     model.load_state_dict({k: weights[k] for k in model.state_dict()}, strict=True)
     own = source == spm_pieces(source_spm) and target == spm_pieces(target_spm)

@@ -88,6 +88,8 @@ def train_briefly(model: Any, tokenizer: Any, max_steps: int) -> int:
         opt.zero_grad()
         loss.backward()
         opt.step()
+        with torch.no_grad():  # the decoder starts from <pad>'s zero row, as in every OPUS-MT checkpoint
+            model.get_decoder().embed_tokens.weight[model.config.pad_token_id] = 0.0
         if step % 50 == 0:
             with torch.no_grad():
                 out = model.eval().generate(**probe, num_beams=1, max_length=24)
@@ -122,6 +124,8 @@ def build_hf_dir(directory: Path, seed: int = 0, steps: int = TRAIN_STEPS, **cha
         source_lang="en", target_lang="pt",
     )
     if steps:
+        with torch.no_grad():
+            model.get_decoder().embed_tokens.weight[pad] = 0.0
         train_briefly(model, tokenizer, steps)
     else:
         randomize(model, seed)
