@@ -86,7 +86,8 @@ def test_info_endpoints(client: TestClient) -> None:
 
 def test_translate_shapes(client: TestClient) -> None:
     one = translate(client, "Open the file.")
-    assert set(one) == {"translatedText"} and isinstance(one["translatedText"], str)
+    assert set(one) == {"translatedText", "detectedLanguage"} and isinstance(one["translatedText"], str)
+    assert one["detectedLanguage"] == {"confidence": 100.0, "language": "en"}  # the named source, as certain
     many = translate(client, ["Open the file.", "Save all."])
     assert many["translatedText"][0] == one["translatedText"]
     auto = client.post("/translate", json={"q": "Open the file.", "source": "auto", "target": "pt"}).json()

@@ -24,6 +24,7 @@ from server.deps import (
 from server.detect import Detection, LazyDetector
 from server.errors import ClientClosed, TolkError, error_body
 from server.glossaries import Glossary, owner_of
+from server.languages import standard
 from server.metrics import Metrics
 from server.plan import PieceEvent, TextResult
 from server.registry import Registry
@@ -148,8 +149,9 @@ def _response(req: TranslateRequest, detected: list[Detection] | None,
     response = TranslateResponse(translatedText=results[0].text if one else [r.text for r in results])
     if req.alternatives:
         response.alternatives = results[0].alternatives if one else [r.alternatives for r in results]
-    if detected is not None:
-        response.detectedLanguage = _detected(detected[0]) if one else [_detected(d) for d in detected]
+    # A named source is reported too, as certain: some clients (Traduzir Paginas Web) read it whatever they sent.
+    found = detected or [Detection(standard(req.source), 100.0)] * len(results)
+    response.detectedLanguage = _detected(found[0]) if one else [_detected(d) for d in found]
     if req.options.return_scores:
         details = [TextDetails(finish_reason=r.finish_reason, input_tokens=r.input_tokens,
                                generated_tokens=r.generated_tokens, scores=r.scores, models=r.models)
@@ -162,14 +164,35 @@ def _response(req: TranslateRequest, detected: list[Detection] | None,
              openapi_extra={"requestBody": REQUEST_BODY}, responses=ERRORS)
 async def translate(request: Request, response: Response, req: TranslateRequestDep, registry: RegistryDep,
                     detector: DetectorDep, settings: SettingsDep) -> TranslateResponse:
-    """Translate a text or a list of texts; long texts are split into sentences that are batched together."""
+    """Translate a text or a list of texts; long texts are split into sentences that are batched together. A `q`
+    that is a JSON-encoded list of texts is answered with a JSON-encoded list (as Nextcloud's client sends it)."""
+    encoded = encoded_list(req.q)
+    if encoded is not None:
+        req = req.model_copy(update={"q": encoded})
     translation = await start(request, req, registry, detector, settings, stream=False)
     try:
         results = await unless_disconnected(request, translation.results())
     finally:
         translation.cancel()
     response.headers.update(translation.server_timing())
-    return _response(req, translation.detected, results)
+    answer = _response(req, translation.detected, results)
+    if encoded is not None and isinstance(answer.detectedLanguage, list):
+        answer.translatedText = json.dumps(answer.translatedText, ensure_ascii=False)
+        answer.detectedLanguage = answer.detectedLanguage[0]
+    return answer
+
+
+def encoded_list(q: str | list[str]) -> list[str] | None:
+    """The texts of a `q` that is one string holding a JSON list of strings, else None."""
+    if not isinstance(q, str) or not (q.startswith("[") and q.rstrip().endswith("]")):
+        return None
+    try:
+        texts = json.loads(q)
+    except ValueError:
+        return None
+    if isinstance(texts, list) and texts and all(isinstance(t, str) for t in texts):
+        return texts
+    return None
 
 
 async def stream_translation(request: Request, req: TranslateRequestDep, registry: RegistryDep,
