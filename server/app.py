@@ -14,7 +14,7 @@ from fastapi.openapi.utils import get_openapi
 from pydantic import BaseModel
 from starlette.concurrency import run_in_threadpool
 
-from server.deepl import deepl_error
+from server.deepl import DeepLTranslate, deepl_error
 from server.detect import LazyDetector
 from server.documents.store import FileStore
 from server.errors import DisconnectGuard, install_handlers
@@ -128,5 +128,7 @@ def create_app(config: Settings | None = None) -> FastAPI:
     if config.cors_origins:
         app.add_middleware(CORSMiddleware, allow_origins=config.cors_origins, allow_methods=["GET", "POST"],
                            allow_headers=["Authorization", "Content-Type"])
-    app.openapi = _openapi(app, (TranslateRequest, DetectRequest, SettingsUpdate, GlossaryCreate))  # type: ignore[method-assign]
+    bodies = (TranslateRequest, DetectRequest, SettingsUpdate, GlossaryCreate, DeepLTranslate, *deepl_glossaries.BODIES,
+              *plugins.BODIES)
+    app.openapi = _openapi(app, bodies)  # type: ignore[method-assign]
     return app

@@ -26,6 +26,7 @@ from server.deps import parse_multipart, read_body
 from server.errors import InvalidEncoding, InvalidJSON, TolkError, ValidationFailed, from_validation
 from server.languages import standard
 from server.routes.info import NAMES
+from server.schemas import error_responses
 from server.settings import Settings
 
 # DeepL's targets for these languages name a region; the bare code is taken too, but its SDKs refuse to send it
@@ -52,9 +53,26 @@ def target_codes(code: str) -> list[tuple[str, str]]:
     return list(REGIONS.get(code, ((deepl_code(code), language_name(code)),)))
 
 
+class DeepLError(BaseModel):
+    """DeepL's error body: its SDKs read `message`; `code` is Tolk's `error_type`."""
+
+    message: str
+    code: str
+
+
 def deepl_error(error: TolkError, status: int) -> dict[str, Any]:
-    """DeepL's error body: its SDKs read `message` (and `detail`); `code` is the machine-readable name."""
-    return {"message": error.message, "code": error.error_type}
+    return DeepLError(message=error.message, code=error.error_type).model_dump()
+
+
+def json_body(model: type[BaseModel]) -> dict[str, Any]:
+    """OpenAPI's `requestBody` of a route that reads its body itself (the model is among the app's components)."""
+    return {"content": {"application/json": {"schema": {"$ref": f"#/components/schemas/{model.__name__}"}}},
+            "required": True}
+
+
+def deepl_errors(*codes: int) -> dict[int | str, dict[str, Any]]:
+    """OpenAPI `responses` of a DeepL route's errors."""
+    return error_responses(*codes, body=DeepLError)
 
 
 def _tags(value: Any) -> Any:

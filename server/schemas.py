@@ -179,6 +179,7 @@ class ErrorBody(BaseModel):
 RETRY_AFTER = {"Retry-After": {"description": "seconds to wait", "schema": {"type": "integer"}}}
 
 
-def error_responses(*codes: int) -> dict[int | str, dict[str, Any]]:
-    """OpenAPI `responses` for the error statuses a route answers, each with the error body (429 with Retry-After)."""
-    return {code: {"model": ErrorBody, **({"headers": RETRY_AFTER} if code == 429 else {})} for code in codes}
+def error_responses(*codes: int, body: type[BaseModel] = ErrorBody) -> dict[int | str, dict[str, Any]]:
+    """OpenAPI `responses` for the error statuses a route answers, each with the error body (429 with Retry-After);
+    `body`: the shape of another API's errors, for its routes (server/errors.py:shaped_body)."""
+    return {code: {"model": body, **({"headers": RETRY_AFTER} if code == 429 else {})} for code in codes}

@@ -14,14 +14,23 @@ from typing import Any
 from fastapi import APIRouter, Request
 from starlette.concurrency import run_in_threadpool
 
-from server.deepl import DeepLTranslate, TagOptions, deepl_body, deepl_code, language_name, target_codes, validated
+from server.deepl import (
+    DeepLTranslate,
+    TagOptions,
+    deepl_body,
+    deepl_code,
+    deepl_errors,
+    json_body,
+    language_name,
+    target_codes,
+    validated,
+)
 from server.deps import DetectorDep, RegistryDep, SettingsDep, check_api_key, started, usage_of
 from server.errors import InvalidRequest, ValidationFailed
 from server.glossaries import Glossary, owner_of
 from server.multilingual import MultilingualStore, base, part_owner
 from server.routes.glossaries import glossary_for, store_of
 from server.routes.shapes import translate_texts
-from server.schemas import error_responses
 from server.settings import Settings
 from server.usage import UNLIMITED, Period
 
@@ -56,7 +65,8 @@ def model_type_used(asked: str) -> str:
     return "quality_optimized" if asked == "prefer_quality_optimized" else asked
 
 
-@router.post("/v2/translate", responses=error_responses(400, 403, 404, 413, 422, 429, 456, 503, 504))
+@router.post("/v2/translate", openapi_extra={"requestBody": json_body(DeepLTranslate)},
+             responses=deepl_errors(400, 401, 403, 404, 413, 422, 429, 456, 500, 503, 504))
 async def translate(request: Request, registry: RegistryDep, detector: DetectorDep,
                     settings: SettingsDep) -> dict[str, Any]:
     """DeepL's text translation: JSON or form fields, `text` repeated; `tag_handling` through Tolk's HTML path."""
@@ -81,8 +91,8 @@ async def translate(request: Request, registry: RegistryDep, detector: DetectorD
     return {"translations": translations}
 
 
-@router.get("/v2/languages", responses=error_responses(400, 503))
-@router.post("/v2/languages", include_in_schema=False)
+@router.get("/v2/languages", responses=deepl_errors(400, 413, 422, 503))
+@router.post("/v2/languages", responses=deepl_errors(400, 413, 422, 503))
 async def languages(request: Request, registry: RegistryDep, settings: SettingsDep) -> list[dict[str, Any]]:
     """The languages Tolk translates from (`type=source`, the default) or into (`type=target`: English and
     Portuguese with DeepL's regions), from the query string or a form body (DeepL's SDKs send a form on a GET)."""
@@ -96,7 +106,7 @@ async def languages(request: Request, registry: RegistryDep, settings: SettingsD
             for served_code in served for code, name in target_codes(served_code)]
 
 
-@router.get("/v2/glossary-language-pairs", responses=error_responses(503))
+@router.get("/v2/glossary-language-pairs", responses=deepl_errors(503))
 async def glossary_language_pairs(registry: RegistryDep) -> dict[str, Any]:
     """The language pairs a glossary can have: those a model translates directly."""
     pairs = sorted({(base(m.source), base(t)) for m in registry.models for t in m.targets})
@@ -107,7 +117,7 @@ def timestamp(moment: datetime) -> str:
     return moment.isoformat(timespec="milliseconds").replace("+00:00", "Z")
 
 
-@router.get("/v2/usage", responses=error_responses(401, 403, 503))
+@router.get("/v2/usage", responses=deepl_errors(401, 403, 503))
 async def usage(request: Request, settings: SettingsDep) -> dict[str, Any]:
     """Characters the key (without keys: everyone) translated this month, and its monthly limit."""
     key = check_api_key(request, settings, request.query_params.get("auth_key"))

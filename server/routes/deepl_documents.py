@@ -9,17 +9,17 @@ from __future__ import annotations
 
 from fastapi import APIRouter, Request, Response
 
+from server.deepl import deepl_errors
 from server.deps import DetectorDep, RegistryDep, SettingsDep, check_api_key, usage_of
 from server.glossaries import owner_of
 from server.routes import documents
-from server.schemas import error_responses
 
 router = APIRouter(tags=["DeepL"])
 
 
 @router.post("/v2/document", response_model=documents.DocumentHandle,
              openapi_extra={"requestBody": documents.UPLOAD_BODY},
-             responses=error_responses(400, 401, 403, 404, 413, 429, 456, 503))
+             responses=deepl_errors(400, 401, 403, 404, 413, 422, 429, 456, 503))
 async def upload(request: Request, registry: RegistryDep, detector: DetectorDep,
                  settings: SettingsDep) -> documents.DocumentHandle:
     """Upload a document to translate (multipart: `file`, `target_lang`, `source_lang`, `glossary_id`); the key
@@ -36,7 +36,7 @@ async def upload(request: Request, registry: RegistryDep, detector: DetectorDep,
 router.add_api_route("/v2/document/{document_id}", documents.document_status, methods=["POST"],
                      response_model=documents.DocumentStatus, response_model_exclude_none=True,
                      openapi_extra={"requestBody": documents.KEY_BODY},
-                     responses=error_responses(400, 401, 403, 404, 422, 503))
+                     responses=deepl_errors(400, 401, 403, 404, 413, 422, 503))
+RESULT = {200: documents.RESULT_RESPONSES[200], **deepl_errors(400, 401, 403, 404, 413, 422, 503)}
 router.add_api_route("/v2/document/{document_id}/result", documents.document_result, methods=["POST"],
-                     response_class=Response, openapi_extra={"requestBody": documents.KEY_BODY},
-                     responses=documents.RESULT_RESPONSES)
+                     response_class=Response, openapi_extra={"requestBody": documents.KEY_BODY}, responses=RESULT)

@@ -13,7 +13,7 @@ from fastapi import APIRouter, Request, Response
 from pydantic import BaseModel, ConfigDict, Field
 from starlette.concurrency import run_in_threadpool
 
-from server.deepl import deepl_body, validated
+from server.deepl import deepl_body, deepl_errors, json_body, validated
 from server.deps import RegistryDep, SettingsDep, admit_client, check_api_key
 from server.glossaries import entries_tsv, owner_of
 from server.languages import standard
@@ -21,12 +21,13 @@ from server.multilingual import Dictionary, MultilingualInfo, part_owner
 from server.registry import Registry
 from server.routes import glossaries
 from server.routes.deepl import multilingual_of
-from server.schemas import GlossaryInfo, GlossaryList, error_responses
+from server.schemas import GlossaryInfo, GlossaryList
 from server.settings import Settings
 
 router = APIRouter(tags=["DeepL"])
 
-ERRORS = error_responses(400, 401, 403, 404, 413, 422, 503)
+ERRORS = deepl_errors(400, 401, 403, 404, 413, 422, 429, 503)
+ENTRIES = {200: glossaries.ENTRIES_RESPONSES[200], **deepl_errors(401, 403, 404, 503)}
 # /v2 is Tolk's own glossary API under DeepL's path (its handlers read DeepL's fields already)
 router.add_api_route("/v2/glossaries", glossaries.create_glossary, methods=["POST"], status_code=201,
                      response_model=GlossaryInfo, responses=ERRORS, openapi_extra={"requestBody": glossaries.BODY})
@@ -37,10 +38,12 @@ router.add_api_route("/v2/glossaries/{glossary_id}", glossaries.get_glossary, me
 router.add_api_route("/v2/glossaries/{glossary_id}", glossaries.delete_glossary, methods=["DELETE"],
                      status_code=204, response_class=Response, responses=ERRORS)
 router.add_api_route("/v2/glossaries/{glossary_id}/entries", glossaries.glossary_entries, methods=["GET"],
-                     response_class=Response, responses=glossaries.ENTRIES_RESPONSES)
+                     response_class=Response, responses=ENTRIES)
 
 
 class DictionaryBody(BaseModel):
+    """One dictionary of a multilingual glossary: a language pair and its entries (TSV or CSV)."""
+
     model_config = ConfigDict(extra="ignore")
 
     source_lang: str
@@ -53,6 +56,8 @@ class DictionaryBody(BaseModel):
 
 
 class MultilingualCreate(BaseModel):
+    """DeepL's request to make a multilingual glossary."""
+
     model_config = ConfigDict(extra="ignore")
 
     name: str
@@ -60,6 +65,8 @@ class MultilingualCreate(BaseModel):
 
 
 class MultilingualPatch(BaseModel):
+    """A new name, and entries to merge into one dictionary."""
+
     model_config = ConfigDict(extra="ignore")
 
     name: str | None = None
@@ -82,7 +89,8 @@ def _check_pairs(registry: Registry, dictionaries: list[DictionaryBody]) -> None
         registry.find(d.source_lang, d.target_lang)  # 400 for a pair no model translates directly
 
 
-@router.post("/v3/glossaries", status_code=201, responses=ERRORS)
+@router.post("/v3/glossaries", status_code=201, openapi_extra={"requestBody": json_body(MultilingualCreate)},
+              responses=ERRORS)
 async def create(request: Request, registry: RegistryDep, settings: SettingsDep) -> dict[str, Any]:
     """A multilingual glossary: a name and one dictionary (TSV or CSV entries) per language pair."""
     fields = await deepl_body(request, settings)
@@ -107,7 +115,8 @@ async def get(glossary_id: str, request: Request, settings: SettingsDep) -> dict
     return _public(await run_in_threadpool(multilingual_of(request).info, glossary_id, _owner(request, settings)))
 
 
-@router.patch("/v3/glossaries/{glossary_id}", responses=ERRORS)
+@router.patch("/v3/glossaries/{glossary_id}", openapi_extra={"requestBody": json_body(MultilingualPatch)},
+               responses=ERRORS)
 async def patch(glossary_id: str, request: Request, registry: RegistryDep, settings: SettingsDep) -> dict[str, Any]:
     """A new name, and/or entries added to (or changed in) one dictionary, which is made when it is new."""
     fields = await deepl_body(request, settings)
@@ -121,7 +130,8 @@ async def patch(glossary_id: str, request: Request, registry: RegistryDep, setti
     return _public(await run_in_threadpool(store.info, glossary_id, owner))
 
 
-@router.put("/v3/glossaries/{glossary_id}/dictionaries", responses=ERRORS)
+@router.put("/v3/glossaries/{glossary_id}/dictionaries", openapi_extra={"requestBody": json_body(DictionaryBody)},
+             responses=ERRORS)
 async def replace(glossary_id: str, request: Request, registry: RegistryDep,
                   settings: SettingsDep) -> dict[str, Any]:
     """One dictionary's entries replaced (or the dictionary added)."""
@@ -158,3 +168,5 @@ async def remove(glossary_id: str, source_lang: str, target_lang: str, request: 
 async def delete(glossary_id: str, request: Request, settings: SettingsDep) -> Response:
     await run_in_threadpool(multilingual_of(request).delete, glossary_id, _owner(request, settings))
     return Response(status_code=204)
+
+BODIES = (MultilingualCreate, MultilingualPatch, DictionaryBody)  # request bodies in the API schema

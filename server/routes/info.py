@@ -20,7 +20,7 @@ NAMES = {
 
 
 @router.get("/languages", response_model=list[Language], responses=error_responses(503))
-@router.post("/languages", response_model=list[Language], include_in_schema=False)  # older libretranslatepy POSTs
+@router.post("/languages", response_model=list[Language], responses=error_responses(503))  # older clients POST
 async def languages(registry: RegistryDep) -> list[Language]:
     """Each source language with the targets it can be translated into (through English too, as LibreTranslate)."""
     targets = sorted(registry.targets().items())

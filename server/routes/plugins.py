@@ -15,7 +15,7 @@ from typing import Any, Literal
 from fastapi import APIRouter, Request
 from pydantic import BaseModel, ConfigDict, Field
 
-from server.deepl import TagOptions, deepl_body, validated
+from server.deepl import TagOptions, deepl_body, json_body, validated
 from server.deps import KEY_SCHEMES, DetectorDep, RegistryDep, SettingsDep, bearer
 from server.errors import TolkError, ValidationFailed
 from server.multilingual import base
@@ -23,7 +23,29 @@ from server.routes.shapes import translate_texts
 from server.schemas import error_responses
 
 router = APIRouter(tags=["plugins"])
-ERRORS = error_responses(400, 401, 403, 413, 422, 429, 456, 503, 504)
+STATUSES = (400, 401, 403, 413, 422, 429, 456, 500, 503, 504)
+ERRORS = error_responses(*STATUSES)
+
+
+class DeepLXError(BaseModel):
+    code: int = Field(description="the HTTP status")
+    message: str
+
+
+class GoogleErrorDetail(BaseModel):
+    message: str
+    domain: str
+    reason: str = Field(description="Tolk's error_type")
+
+
+class GoogleErrorBody(BaseModel):
+    code: int
+    message: str
+    errors: list[GoogleErrorDetail]
+
+
+class GoogleError(BaseModel):
+    error: GoogleErrorBody
 
 
 class ImmersiveRequest(BaseModel):
@@ -34,7 +56,7 @@ class ImmersiveRequest(BaseModel):
     text_list: list[str] = Field(min_length=1)
 
 
-@router.post("/immersive/translate", responses=ERRORS)
+@router.post("/immersive/translate", openapi_extra={"requestBody": json_body(ImmersiveRequest)}, responses=ERRORS)
 async def immersive(request: Request, registry: RegistryDep, detector: DetectorDep,
                     settings: SettingsDep) -> dict[str, Any]:
     """Immersive Translate's custom API: `{source_lang, target_lang, text_list}`, the key as `?token=`."""
@@ -54,7 +76,7 @@ class KissRequest(BaseModel):
     target: str = Field(alias="to")
 
 
-@router.post("/kiss/translate", responses=ERRORS)
+@router.post("/kiss/translate", openapi_extra={"requestBody": json_body(KissRequest)}, responses=ERRORS)
 async def kiss(request: Request, registry: RegistryDep, detector: DetectorDep, settings: SettingsDep) -> dict[str, Any]:
     """Kiss Translator's custom API: `{texts, from, to}` (or its older `{text, from, to}`), the key as a Bearer
     token; the answer's `translations` list, and `text` and `src` too for one `text`."""
@@ -89,14 +111,16 @@ async def _deeplx(request: Request, registry: RegistryDep, detector: DetectorDep
             "source_lang": base(done.sources[0]).upper(), "target_lang": body.target_lang.upper(), "method": "Free"}
 
 
-@router.post("/deeplx/translate", responses=ERRORS)
+@router.post("/deeplx/translate", openapi_extra={"requestBody": json_body(DeepLXRequest)},
+             responses=error_responses(*STATUSES, body=DeepLXError))
 async def deeplx(request: Request, registry: RegistryDep, detector: DetectorDep,
                  settings: SettingsDep) -> dict[str, Any]:
     """DeepLX's `{text, source_lang, target_lang}`; the key as `?token=` or a Bearer token."""
     return await _deeplx(request, registry, detector, settings, None)
 
 
-@router.post("/deeplx/{token}/translate", responses=ERRORS)
+@router.post("/deeplx/{token}/translate", openapi_extra={"requestBody": json_body(DeepLXRequest)},
+             responses=error_responses(*STATUSES, body=DeepLXError))
 async def deeplx_token(token: str, request: Request, registry: RegistryDep, detector: DetectorDep,
                        settings: SettingsDep) -> dict[str, Any]:
     """DeepLX with the key as a path segment, as hosted DeepLX services take it."""
@@ -104,7 +128,7 @@ async def deeplx_token(token: str, request: Request, registry: RegistryDep, dete
 
 
 def deeplx_error(error: TolkError, status: int) -> dict[str, Any]:
-    return {"code": status, "message": error.message}
+    return DeepLXError(code=status, message=error.message).model_dump()
 
 
 class GoogleRequest(BaseModel):
@@ -117,8 +141,9 @@ class GoogleRequest(BaseModel):
     key: str | None = None
 
 
-@router.post("/language/translate/v2", responses=ERRORS)
-@router.get("/language/translate/v2", include_in_schema=False)
+@router.post("/language/translate/v2", openapi_extra={"requestBody": json_body(GoogleRequest)},
+             responses=error_responses(*STATUSES, body=GoogleError))
+@router.get("/language/translate/v2", responses=error_responses(*STATUSES, body=GoogleError))
 async def google(request: Request, registry: RegistryDep, detector: DetectorDep,
                  settings: SettingsDep) -> dict[str, Any]:
     """Google Cloud Translation's basic v2: `q` (one or repeated), `source`, `target`, `format`, `key`."""
@@ -133,7 +158,7 @@ async def google(request: Request, registry: RegistryDep, detector: DetectorDep,
                                       for src, text in zip(done.sources, done.texts, strict=True)]}}
 
 
-@router.get("/language/translate/v2/languages", responses=error_responses(503))
+@router.get("/language/translate/v2/languages", responses=error_responses(503, body=GoogleError))
 async def google_languages(registry: RegistryDep) -> dict[str, Any]:
     """Google v2's language list: every language Tolk translates from or into."""
     codes = sorted(set(registry.targets()) | {t for ts in registry.targets().values() for t in ts})
@@ -141,8 +166,10 @@ async def google_languages(registry: RegistryDep) -> dict[str, Any]:
 
 
 def google_error(error: TolkError, status: int) -> dict[str, Any]:
-    return {"error": {"code": status, "message": error.message,
-                      "errors": [{"message": error.message, "domain": "global", "reason": error.error_type}]}}
+    detail = GoogleErrorDetail(message=error.message, domain="global", reason=error.error_type)
+    return GoogleError(error=GoogleErrorBody(code=status, message=error.message, errors=[detail])).model_dump()
 
 
 ERROR_SHAPES = (("/deeplx/", deeplx_error), ("/language/translate/", google_error))
+
+BODIES = (ImmersiveRequest, KissRequest, DeepLXRequest, GoogleRequest)  # request bodies in the API schema
