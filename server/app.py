@@ -17,6 +17,7 @@ from starlette.concurrency import run_in_threadpool
 from server.deepl import DeepLTranslate, deepl_error
 from server.detect import LazyDetector
 from server.documents.store import FileStore
+from server.documents.workers import FileWorkers
 from server.errors import DisconnectGuard, install_handlers
 from server.glossaries import GlossaryStore
 from server.metrics import Metrics, MetricsMiddleware
@@ -53,6 +54,7 @@ async def lifespan(app: FastAPI) -> AsyncIterator[None]:
     supervisor: asyncio.Task[None] | None = None
     store = FileStore(settings.file_ttl, settings.file_store_bytes, settings.file_dir)
     jobs: documents.DocumentJobs | None = None
+    workers = FileWorkers(settings.file_workers, settings.max_files_waiting, settings.retry_after)
     glossary_store = GlossaryStore(settings.data_dir, settings.max_glossaries, settings.max_glossary_entries,
                                    settings.max_glossary_term_chars)  # its file opens at the first glossary request
     multilingual = MultilingualStore(settings.data_dir, glossary_store)  # DeepL's /v3 glossaries, beside them
@@ -62,6 +64,7 @@ async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         await run_in_threadpool(registry.start)  # starting batchers blocks; the event loop stays free
         app.state.detector = LazyDetector(registry.sources())  # its model loads when it is first needed
         app.state.files = store
+        app.state.file_workers = workers
         app.state.documents = jobs = documents.DocumentJobs(store, settings.max_document_jobs, settings.file_ttl,
                                                             settings.retry_after)
         app.state.glossaries = glossary_store
@@ -74,6 +77,7 @@ async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         yield
     finally:
         app.state.registry = app.state.detector = app.state.files = app.state.documents = None
+        app.state.file_workers = None
         if jobs is not None:
             await jobs.close()  # documents still translating are cancelled before their schedulers stop
         if supervisor is not None:

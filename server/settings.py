@@ -108,6 +108,10 @@ class Settings(BaseSettings):
                                   "their own, removed at stop); None = the system's temporary directory")
     max_document_jobs: int = Field(default=8, ge=1, description="documents queued or translating at once through "
                                    "POST /documents (all clients together); beyond it 429")
+    file_workers: int = Field(default=2, ge=1, le=64, description="files read or rebuilt at once, each in a process "
+                              "of its own that ends with it, so that its memory goes back to the system")
+    max_files_waiting: int = Field(default=32, ge=0, description="files waiting for a worker to read or rebuild "
+                                   "them; beyond it 429")
 
     # Glossaries (POST /glossaries, glossary_id)
     data_dir: Path = Field(default=Path("data/server"), description="where the server keeps what must outlive a "

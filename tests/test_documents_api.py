@@ -152,6 +152,18 @@ def test_the_number_of_documents_at_once_is_bounded(tiny_model_dir: Path, held: 
         upload(c, "4.txt", b"Open the file.")  # room again
 
 
+def test_the_bound_on_documents_comes_before_the_upload_is_parsed(tiny_model_dir: Path,
+                                                                  held: threading.Event) -> None:
+    """With the documents at their bound, a new upload gets its 429 before it is read: a broken file says so
+    (before, it was parsed first and got its 400, and a heavy one cost its parse)."""
+    settings = server_settings(tiny_model_dir, max_document_jobs=1, scheduler_process=False)
+    with TestClient(create_app(settings)) as c:
+        upload(c, "first.txt", b"Open the file.")
+        r = c.post("/documents", files={"file": ("broken.docx", b"not a zip")}, data={"target_lang": "pt"})
+        assert (r.status_code, r.json()["error_type"]) == (429, "overloaded")
+        held.set()
+
+
 def test_documents_still_translating_are_cancelled_at_stop(tiny_model_dir: Path, held: threading.Event) -> None:
     with TestClient(create_app(server_settings(tiny_model_dir, scheduler_process=False))) as c:
         upload(c, "a.txt", b"Open the file.")

@@ -6,6 +6,7 @@ Each case was probed as a hostile user would, against a server that took it (or 
 
 from __future__ import annotations
 
+import asyncio
 import io
 import stat
 import zipfile
@@ -18,7 +19,8 @@ from fastapi.testclient import TestClient
 from server.app import create_app
 from server.documents.archive import Entry, Limits, read_zip, write_zip
 from server.documents.office import read_docx
-from server.errors import InvalidDocument, PayloadTooLarge
+from server.documents.workers import FileWorkers
+from server.errors import EmptyText, InvalidDocument, Overloaded, PayloadTooLarge
 from tests.test_files import make_epub
 from tests.test_security import PARAGRAPH, W, word, zipped
 from tests.test_server_api import server_settings
@@ -79,6 +81,19 @@ def test_the_default_budget_refuses_the_issue_file_in_its_shape() -> None:
     assert len(data) < 100_000
     with pytest.raises(PayloadTooLarge):
         read_docx(data, "empty.docx", Limits(64 << 20, 2000))
+
+
+def test_files_read_at_once_are_bounded() -> None:
+    """One worker, one file waiting: a third file at that moment is refused (429), the others are read in turn."""
+    heavy = word(empty_paragraphs(200_000))
+
+    async def read_three() -> list[object]:
+        workers = FileWorkers(1, 1, retry_after=2)
+        reads = [workers.read(heavy, "heavy.docx", Limits(64 << 20, 2000), 1000, 100, None) for _ in range(3)]
+        return await asyncio.gather(*reads, return_exceptions=True)
+
+    results = asyncio.run(read_three())
+    assert [type(r) for r in results] == [EmptyText, EmptyText, Overloaded]
 
 
 # --- DTDs and entities in every XML-like format ---------------------------------------------------------------

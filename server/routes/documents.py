@@ -4,8 +4,9 @@ An upload is read and checked as /translate_file reads it (`server/routes/files.
 file happens before the answer), then translated by a background task along the same path (`start_translation`,
 `store_translation`). The client polls the status with the document's key and downloads the file once it is done;
 as DeepL does, a result is handed out once and then removed. A bounded number of documents may be queued or
-translating at once (429 beyond); finished documents are forgotten when their file's time in the store is up, and
-the tasks still running are cancelled when the server stops.
+translating at once (429 beyond, before the upload is read or parsed: an upload being checked holds its room);
+finished documents are forgotten when their file's time in the store is up, and the tasks still running are
+cancelled when the server stops.
 """
 
 from __future__ import annotations
@@ -16,6 +17,8 @@ import logging
 import secrets
 import time
 import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -34,6 +37,7 @@ from server.deps import (
     started,
 )
 from server.documents.store import FileStore
+from server.documents.workers import FileWorkers
 from server.errors import (
     EngineFailure,
     Forbidden,
@@ -46,6 +50,7 @@ from server.errors import (
 from server.plan import TextDone
 from server.routes.files import (
     PreparedFile,
+    file_workers,
     prepare_file,
     read_upload,
     start_translation,
@@ -122,17 +127,29 @@ class DocumentJobs:
         self.ttl = ttl
         self.retry_after = retry_after
         self._jobs: dict[str, DocumentJob] = {}
+        self._reserved = 0  # uploads being read and checked, each holding room for its document
 
     def running(self) -> int:
-        return sum(job.status in ("queued", "translating") for job in self._jobs.values())
+        """Documents queued or translating, and uploads that hold room for one."""
+        return self._reserved + sum(job.status in ("queued", "translating") for job in self._jobs.values())
 
-    def submit(self, prepared: PreparedFile, owner: str | None) -> DocumentJob:
-        """Start translating a checked document in the background; 429 when enough are queued already."""
+    @contextmanager
+    def reserve(self) -> Iterator[None]:
+        """Room for one more document while its upload is read and checked; 429 when there is none, before any
+        byte of it is read or parsed. `submit` inside it makes the room the document's."""
         self._expire(time.monotonic())
         if self.running() >= self.limit:
             raise Overloaded(f"{self.limit} documents are being translated; retry later", self.retry_after)
+        self._reserved += 1
+        try:
+            yield
+        finally:
+            self._reserved -= 1
+
+    def submit(self, prepared: PreparedFile, owner: str | None, workers: FileWorkers) -> DocumentJob:
+        """Start translating a checked document in the background (within `reserve`, which checked for room)."""
         job = DocumentJob(str(uuid.uuid4()), secrets.token_urlsafe(24), owner, prepared.characters)
-        job.task = asyncio.create_task(self._run(job, prepared), name=f"document {job.id}")
+        job.task = asyncio.create_task(self._run(job, prepared, workers), name=f"document {job.id}")
         self._jobs[job.id] = job
         return job
 
@@ -167,7 +184,7 @@ class DocumentJobs:
         for job_id in [j.id for j in self._jobs.values() if j.expires is not None and j.expires <= now]:
             del self._jobs[job_id]
 
-    async def _run(self, job: DocumentJob, prepared: PreparedFile) -> None:
+    async def _run(self, job: DocumentJob, prepared: PreparedFile, workers: FileWorkers) -> None:
         try:
             translation = await self._queue(prepared)
             job.status, job.started = "translating", time.monotonic()
@@ -175,7 +192,7 @@ class DocumentJobs:
                 texts = await collect(translation, job)
             finally:
                 translation.cancel()
-            job.file_id = await store_translation(prepared, self.files, texts)
+            job.file_id = await store_translation(prepared, workers, self.files, texts)
             job.status, job.progress = "done", 1.0
         except TolkError as exc:
             job.status, job.error = "error", exc.message
@@ -266,14 +283,16 @@ async def upload_document(request: Request, registry: RegistryDep, detector: Det
     if not settings.files:
         raise Forbidden("Files translation are disabled on this server.")
     jobs = await get_documents(request)
-    upload = await read_upload(request, settings)
-    owner = check_api_key(request, settings, upload.api_key)
-    admit_client(request, settings, upload.api_key)
-    upload.source = _language(upload.fields, "source_lang", "source") or "auto"
-    upload.target = _language(upload.fields, "target_lang", "target")
-    glossary = await upload_glossary(request, settings, upload)
-    prepared = await prepare_file(upload, registry, detector, settings, glossary)
-    job = jobs.submit(prepared, owner)
+    with jobs.reserve():
+        upload = await read_upload(request, settings)
+        owner = check_api_key(request, settings, upload.api_key)
+        admit_client(request, settings, upload.api_key)
+        upload.source = _language(upload.fields, "source_lang", "source") or "auto"
+        upload.target = _language(upload.fields, "target_lang", "target")
+        glossary = await upload_glossary(request, settings, upload)
+        workers = file_workers(request)
+        prepared = await prepare_file(upload, registry, detector, settings, workers, glossary)
+        job = jobs.submit(prepared, owner, workers)
     return DocumentHandle(document_id=job.id, document_key=job.key)
 
 

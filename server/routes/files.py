@@ -1,6 +1,7 @@
 """POST /translate_file and GET /download_file/{name}: LibreTranslate's file translation.
 
-The upload is read within `max_file_bytes`, parsed into texts in a worker thread (`server/documents/`), and its texts
+The upload is read within `max_file_bytes`, read into texts in a process of its own (`server/documents/workers.py`),
+and its texts
 go through the path /translate uses (`route`, `RoutedTranslation`): one request's worth of texts to one model, so the
 scheduler batches the document with itself. The translated file is kept in the app's `FileStore` until it expires;
 the answer is LibreTranslate's `{"translatedFileUrl": ".../download_file/<uuid>.<name>_<target>.<ext>"}`.
@@ -25,16 +26,18 @@ from server.deps import (
     admit_client,
     parse_multipart,
     read_body,
+    started,
 )
 from server.detect import MAX_CHARS, Detection, LazyDetector
-from server.documents import Document, Format, Limits, find_format
+from server.documents import Format, Limits, find_format
 from server.documents.store import FileStore
+from server.documents.workers import FileWorkers
 from server.errors import EmptyText, Forbidden, InvalidRequest, NotFound, PayloadTooLarge
 from server.glossaries import Glossary
 from server.registry import Registry
 from server.routes.glossaries import glossary_for
 from server.routes.translate import unless_disconnected
-from server.routing import RoutedTranslation, Routing, check_glossary, route, visible_text
+from server.routing import RoutedTranslation, Routing, check_glossary, route
 from server.schemas import DetectedLanguage, FileTranslation, error_responses
 from server.settings import Settings
 
@@ -100,21 +103,6 @@ async def read_upload(request: Request, settings: Settings) -> Upload:
                   fields.get("api_key") or None, fields)
 
 
-def read_document(fmt: Format, upload: Upload, limits: Limits, max_chars: int,
-                  target: str | None) -> tuple[Document, str, int]:
-    """The document's texts within the limit of characters, the start of its text (for detection), and its number
-    of characters to translate; `target`, the language translated into when known (a catalog's plural forms)."""
-    document = fmt.read(upload.data, upload.filename, limits, target)
-    visible = [visible_text(text, html=True) for text in document.texts]
-    chars = sum(len(v) for v in visible)
-    if not any(v.strip() for v in visible):
-        raise EmptyText(f"{upload.filename} has no text to translate")
-    if chars > max_chars:
-        raise PayloadTooLarge(f"{upload.filename} has {chars} characters to translate; the limit is {max_chars}")
-    sample = " ".join(v.strip() for v in visible if v.strip())[:MAX_CHARS]
-    return document, sample, chars
-
-
 async def detect_source(registry: Registry, detector: LazyDetector, target: str | None,
                         sample: str) -> Detection:
     """The document's language among those with a model into target, from the start of its text (a document is
@@ -143,7 +131,9 @@ class PreparedFile:
     upload: Upload
     fmt: Format
     ext: str
-    document: Document
+    limits: Limits  # the file's, to read it again when it is rebuilt
+    language: str | None  # the served language it is translated into, when known (a catalog's plural forms)
+    texts: list[str]  # markup for the HTML path, one per paragraph, cue or page
     characters: int  # to translate (text, not markup)
     routing: Routing
     detected: Detection | None  # when the source was auto
@@ -163,37 +153,44 @@ async def upload_glossary(request: Request, settings: Settings, upload: Upload) 
     return await glossary_for(request, settings, glossary_id, upload.api_key) if glossary_id else None
 
 
-async def prepare_file(upload: Upload, registry: Registry, detector: LazyDetector,
-                       settings: Settings, glossary: Glossary | None = None) -> PreparedFile:
-    """Read the file into texts (in a worker thread) and find its model; every refusal of a file happens here."""
+def file_workers(request: Request) -> FileWorkers:
+    workers: FileWorkers = started(request, "file_workers")
+    return workers
+
+
+async def prepare_file(upload: Upload, registry: Registry, detector: LazyDetector, settings: Settings,
+                       workers: FileWorkers, glossary: Glossary | None = None) -> PreparedFile:
+    """Read the file into texts (in a worker process) and find its model; every refusal of a file happens here."""
     fmt, ext = find_format(upload.filename)
     limits = Limits(settings.max_file_expanded_bytes, settings.max_file_entries, settings.max_file_nodes)
-    document, sample, chars = await run_in_threadpool(read_document, fmt, upload, limits, settings.max_file_chars,
-                                                      registry.target_language(upload.target))
+    language = registry.target_language(upload.target)
+    read = await workers.read(upload.data, upload.filename, limits, settings.max_file_chars, MAX_CHARS, language)
     detected = None
     source = upload.source
     if source == "auto" and glossary is not None:  # as DeepL, a glossary names the source language
         source = glossary.info.source_lang
     if source == "auto":
-        detected = await detect_source(registry, detector, upload.target, sample)
+        detected = await detect_source(registry, detector, upload.target, read.sample)
         source = detected.language
-    routing = await route(registry, detector, source, upload.target, document.texts, html=True)
+    routing = await route(registry, detector, source, upload.target, read.texts, html=True)
     if glossary is not None:
         for r in routing.routes:
             check_glossary(r, glossary)  # refused here, before a background translation starts
-    return PreparedFile(upload, fmt, ext, document, chars, routing, detected, settings.file_timeout, glossary)
+    return PreparedFile(upload, fmt, ext, limits, language, read.texts, read.characters, routing, detected,
+                        settings.file_timeout, glossary)
 
 
 async def start_translation(prepared: PreparedFile) -> RoutedTranslation:
     """Queue the document's texts as one request of /translate's HTML path (429 when the queue is full); nobody
     reads a document's scores, and it may take `file_timeout` rather than a request's timeout."""
-    return await RoutedTranslation.start(prepared.routing, prepared.document.texts, True, {"scores": False}, 0,
+    return await RoutedTranslation.start(prepared.routing, prepared.texts, True, {"scores": False}, 0,
                                          stream=False, timeout=prepared.timeout, glossary=prepared.glossary)
 
 
-async def store_translation(prepared: PreparedFile, files: FileStore, texts: list[str]) -> str:
-    """Put the translations back into the file (in a worker thread) and keep it; its id in the store."""
-    data = await run_in_threadpool(prepared.document.rebuild, texts)
+async def store_translation(prepared: PreparedFile, workers: FileWorkers, files: FileStore, texts: list[str]) -> str:
+    """Put the translations back into the file (in a worker process) and keep it; its id in the store."""
+    upload = prepared.upload
+    data = await workers.rebuild(upload.data, upload.filename, prepared.limits, prepared.language, texts)
     return await run_in_threadpool(files.put, prepared.name, prepared.fmt.media_type, data)
 
 
@@ -208,13 +205,14 @@ async def translate_file(request: Request, registry: RegistryDep, detector: Dete
     upload = await read_upload(request, settings)
     admit_client(request, settings, upload.api_key)
     glossary = await upload_glossary(request, settings, upload)
-    prepared = await prepare_file(upload, registry, detector, settings, glossary)
+    workers = file_workers(request)
+    prepared = await prepare_file(upload, registry, detector, settings, workers, glossary)
     translation = await start_translation(prepared)
     try:
         results = await unless_disconnected(request, translation.results())
     finally:
         translation.cancel()
-    file_id = await store_translation(prepared, files, [r.text for r in results])
+    file_id = await store_translation(prepared, workers, files, [r.text for r in results])
     detected = prepared.detected
     return FileTranslation(
         translatedFileUrl=str(request.url_for("download_file", name=f"{file_id}.{prepared.name}")),
