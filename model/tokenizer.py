@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -47,6 +47,7 @@ class Tokenizer:
             raise ValueError("add_bos needs a bos_id")
         self.prefix = [self._source_id(bos_id)] if add_bos else []
         self.source_unk = self._source_id(unk_id)
+        self._writes: dict[str, bool] = {}
 
     @classmethod
     def load(cls, directory: Path, eos_id: int, unk_id: int, vocab: list[str] | None = None,
@@ -79,6 +80,16 @@ class Tokenizer:
             ids = [self.piece_to_id.get(p, self.source_unk) for p in pieces]
         ids = self.prefix + ids
         return ids + [self._source_id(self.eos_id)] if self.add_eos or not ids else ids
+
+    def writes(self, char: str) -> bool:
+        """Whether the model reads and writes this character as it is: known pieces on both sides, none unknown or a
+        byte of it spelt out, that decode back to it (not changed by normalisation, as ™ is into TM)."""
+        known = self._writes.get(char)
+        if known is None:
+            target = set(self.vocab) if self.vocab is not None else None
+            known = self._writes[char] = (_side_writes(self.source, char, self.piece_to_id)
+                                          and _side_writes(self.target, char, target))
+        return known
 
     def source_strings(self, text: str) -> list[str]:
         """For each id of `encode(text)`, its piece as SentencePiece cut it from the text, where an unknown character is
@@ -157,6 +168,13 @@ class Tokenizer:
 
     def detokenizer(self) -> IncrementalDetokenizer:
         return IncrementalDetokenizer(self)
+
+
+def _side_writes(sp: spm.SentencePieceProcessor, char: str, table: Collection[str] | None) -> bool:
+    pieces = sp.encode(char, out_type=str)
+    ids = [sp.piece_to_id(p) for p in pieces]
+    return (not any(sp.is_unknown(i) or sp.is_byte(i) for i in ids) and sp.decode_pieces(pieces) == char
+            and (table is None or all(p in table for p in pieces)))
 
 
 def source_positions(tokenizer: Tokenizer, text: str, ids: list[int], spans: list[tuple[int, int]]

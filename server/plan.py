@@ -10,17 +10,18 @@ its non-streamed translation.
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Mapping, Sequence
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from html import escape
 
 from model.events import FinishEvent, Hypothesis, TokenEvent
-from model.tokenizer import IncrementalDetokenizer, Tokenizer
+from model.tokenizer import Tokenizer
 from server import inline, projection
 from server.errors import ShuttingDown
 from server.glossaries import Glossary
 from server.jobs import Job
-from server.placeholders import Masked, find, mask, unmask
+from server.placeholders import Masked, clean, find, mask, unmask
+from server.stream import Piece, TextStream
 from server.text import Part, Sentence, fit, split_html, split_sentences, split_text
 
 
@@ -57,9 +58,9 @@ class Plan:
         return [self.where.get(i) for i in range(len(self.sources))]
 
     def restore(self, sentence: int, translation: str) -> str:
-        """A sentence's translation with its placeholders put back."""
+        """A sentence's translation with its placeholders put back, and none that its source lacks."""
         masked = self.masks.get(sentence)
-        return translation if masked is None else unmask(masked, translation)
+        return clean(translation, plain=True) if masked is None else unmask(masked, translation)
 
     def unknown(self, sentence: int, token: int, source: int | None, tokenizer: Tokenizer) -> str | None:
         """The source piece that this token is written as: an unknown token's, where the sentence keeps its pieces."""
@@ -104,6 +105,9 @@ def make_plan(
     """
     encoded: dict[str, list[int]] = {}
 
+    def opaque(char: str) -> bool:  # a symbol the model would spell byte by byte or lose: carried as a placeholder
+        return not tokenizer.writes(char)
+
     def encode(sentence: str) -> list[int]:
         if sentence not in encoded:
             encoded[sentence] = [*prefix, *tokenizer.encode(sentence)]
@@ -132,7 +136,7 @@ def make_plan(
     def add_block(tp: TextPlan, block: inline.Block) -> bool:
         """A block with inline markup as sentences that carry it; False (nothing added) if one is too long."""
         laid = inline.layout(block, split_sentences)
-        masks = {i: mask(p.text) for i, p in enumerate(laid) if isinstance(p, inline.Marked)}
+        masks = {i: mask(p.text, opaque=opaque) for i, p in enumerate(laid) if isinstance(p, inline.Marked)}
         if any(too_long(m.text) for m in masks.values()):
             return False
         for i, p in enumerate(laid):
@@ -151,12 +155,12 @@ def make_plan(
             if isinstance(part, str):
                 tp.parts.append(part)
                 continue
-            masked = mask(part.text) if placeholders else None
+            masked = mask(part.text, opaque=opaque) if placeholders else None
             if masked is not None and not masked.empty and not too_long(masked.text):
                 add(tp, masked.text, masked)
                 continue
             # Too long with placeholders: cut at them (copied as they are), so no cut falls inside one.
-            chunks = _cut_at_placeholders(part.text) if masked is not None and not masked.empty else [part]
+            chunks = _cut_at_placeholders(part.text, opaque) if masked is not None and not masked.empty else [part]
             for chunk in chunks:
                 for piece in fit(chunk.text, too_long) if isinstance(chunk, Sentence) else [chunk]:
                     if isinstance(piece, str):  # text of the page in HTML: escaped, as translations are
@@ -177,11 +181,11 @@ def make_plan(
     return plan
 
 
-def _cut_at_placeholders(sentence: str) -> list[Part]:
+def _cut_at_placeholders(sentence: str, opaque: Callable[[str], bool]) -> list[Part]:
     """The sentence as literals (its placeholders, with the spaces around them) and the sentences between them."""
     parts: list[Part] = []
     at = 0
-    for p in find(sentence):
+    for p in find(sentence, opaque):
         parts.extend(_words(sentence[at:p.start]))
         parts.append(p.text)
         at = p.start + len(p.text)
@@ -206,96 +210,6 @@ def join(plan: Plan, text: int, translations: Mapping[int, Hypothesis], tokenize
 def finish_reason(reasons: list[str]) -> str:
     """A text ended by length if any of its sentences did."""
     return "length" if "length" in reasons else "eos"
-
-
-@dataclass
-class Piece:
-    text: str
-    token: int | None  # None for literal text (whitespace, markup) and tokens replayed after a beam search
-    logprob: float | None
-
-
-class TextStream:
-    """Orders one text's streamed pieces: sentences decode concurrently but are emitted in reading order.
-
-    Tokens of a sentence that is not yet the current one wait in a buffer; literal text between sentences is
-    prepended to the next emitted piece, or sent alone when the text ends. Beam search sentences emit no tokens
-    while decoding, so their best hypothesis is replayed through the detokenizer when they finish. A sentence with
-    placeholders is sent whole when it finishes, once they are put back (a mask is never shown).
-    """
-
-    def __init__(self, plan: Plan, text: int, tokenizer: Tokenizer) -> None:
-        self.plan = plan
-        self.tokenizer = tokenizer
-        self.parts = plan.texts[text].parts
-        self.html = plan.html
-        self.detok: dict[int, IncrementalDetokenizer] = {s: tokenizer.detokenizer() for s in plan.texts[text].sentences}
-        self.pushed = dict.fromkeys(self.detok, 0)
-        self.buffered: dict[int, list[Piece]] = {s: [] for s in self.detok}
-        self.finished: set[int] = set()
-        self.cursor = 0
-        self.pending = ""  # literal text passed by the cursor and not sent yet
-        self.text = ""  # everything sent so far
-
-    @property
-    def done(self) -> bool:
-        return self.cursor == len(self.parts)
-
-    def start(self) -> list[Piece]:
-        """Literal text before the first sentence (all of it when the text has no sentence)."""
-        return self._drain()
-
-    def token(self, sentence: int, token: int, logprob: float | None, source: int | None = None) -> list[Piece]:
-        self._push(sentence, token, logprob, source)
-        return self._drain()
-
-    def finish(self, sentence: int, best: Hypothesis) -> list[Piece]:
-        if self.plan.held(sentence):
-            self.pushed[sentence] = len(best.tokens)
-            text = self.plan.render(sentence, best, self.tokenizer)
-            self.buffered[sentence] = [Piece(text, None, None)] if text else []
-            self.finished.add(sentence)
-            return self._drain()
-        sources = best.alignment
-        for k in range(self.pushed[sentence], len(best.tokens)):
-            self._push(sentence, best.tokens[k], None, sources[k] if sources is not None else None)
-        tail = self.detok[sentence].flush()
-        if tail:
-            self.buffered[sentence].append(Piece(self._escaped(tail), None, None))
-        self.finished.add(sentence)
-        return self._drain()
-
-    def _escaped(self, text: str) -> str:
-        return escape(text, quote=False) if self.html else text
-
-    def _push(self, sentence: int, token: int, logprob: float | None, source: int | None) -> None:
-        self.pushed[sentence] += 1
-        if self.plan.held(sentence):  # held back until finish() puts the placeholders and markup back
-            return
-        text = self.detok[sentence].push(token, self.plan.unknown(sentence, token, source, self.tokenizer))
-        if text:
-            self.buffered[sentence].append(Piece(self._escaped(text), token, logprob))
-
-    def _drain(self) -> list[Piece]:
-        out: list[Piece] = []
-        while self.cursor < len(self.parts):
-            part = self.parts[self.cursor]
-            if isinstance(part, str):
-                self.pending += part
-                self.cursor += 1
-                continue
-            for piece in self.buffered[part]:
-                out.append(Piece(self.pending + piece.text, piece.token, piece.logprob))
-                self.pending = ""
-            self.buffered[part] = []
-            if part not in self.finished:
-                break
-            self.cursor += 1
-        if self.done and self.pending:
-            out.append(Piece(self.pending, None, None))
-            self.pending = ""
-        self.text += "".join(p.text for p in out)
-        return out
 
 
 @dataclass

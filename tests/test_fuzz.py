@@ -34,9 +34,10 @@ from model.events import Hypothesis
 from model.tokenizer import REPLACEMENT, IncrementalDetokenizer, Tokenizer
 from server.app import create_app
 from server.errors import from_validation
-from server.plan import Plan, TextStream, join, make_plan
+from server.plan import Plan, join, make_plan
 from server.schemas import GenerationOptions, SettingsUpdate, TranslateRequest
 from server.settings import Settings
+from server.stream import TextStream
 from server.text import Sentence, fit, split_html, split_text
 from tests.live import live_server
 from tests.test_server_api import server_settings, tags
@@ -243,6 +244,9 @@ class CharTokenizer:
 
     def detokenizer(self) -> IncrementalDetokenizer:
         return IncrementalDetokenizer(cast(Tokenizer, self))
+
+    def writes(self, char: str) -> bool:
+        return True
 
     def source_words(self, ids: list[int]) -> list[int]:
         """A word starts at each space, as at each SentencePiece piece that starts with U+2581."""

@@ -8,12 +8,15 @@ conversions stay in their source order.
 from __future__ import annotations
 
 import re
+import unicodedata
 from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 from fastapi.testclient import TestClient
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from server import placeholders as ph
 from server.app import create_app
@@ -119,6 +122,88 @@ def test_order_bound_conversions_keep_source_order() -> None:
     assert ph.unmask(ph.mask(source), "%2$s de %1$s, %d de %s") == "%2$s de %1$s, %s de %d"
 
 
+def exact(source: str, out: str) -> bool:
+    """The output's placeholders are the source's, as a multiset (none lost, none repeated, none invented)."""
+    return Counter(p.text for p in ph.find(out)) == Counter(p.text for p in ph.find(source))
+
+
+INVENTED = [  # (source, what the model wrote, what the user gets)
+    ("copied message id = { $id } to { $folder }", "id de mensagem copiado = { $id } para { $pasta } { $folder }",
+     "id de mensagem copiado = { $id } para { $folder }"),
+    ("Delete all messages and subfolders in the { $folder } folder?",
+     "Excluir todas as mensagens e subpastas na { $folder } pasta { $pasta }?",
+     "Excluir todas as mensagens e subpastas na { $folder } pasta?"),
+    ("Delete %d files from {folder}?", "Excluir %d arquivos de {folder} {pasta}?", "Excluir %d arquivos de {folder}?"),
+    ("Delete %d files from {folder}?", "Excluir %d arquivos de {pasta}?", "Excluir %d arquivos de {folder}?"),
+    ("Hello %(name)s", "Olá %(nome)s", "Olá %(name)s"),
+    ("Open the file", "Abrir o {arquivo} %s", "Abrir o"),
+    ("Tom & Jerry", "Tom &amp; Jerry", "Tom & Jerry"),
+    ("Save the file", "<b>Salvar</b> o arquivo", "Salvar o arquivo"),
+]
+
+
+@pytest.mark.parametrize(("source", "wrote", "gets"), INVENTED)
+def test_a_placeholder_the_source_lacks_is_never_answered(source: str, wrote: str, gets: str) -> None:
+    masked = ph.mask(source)
+    assert masked.text == source  # the kinds the model copies are shown as they are
+    assert ph.unmask(masked, wrote) == gets
+    assert exact(source, gets)
+
+
+def test_usage_tokens_are_masked_and_never_duplicated() -> None:
+    source = "{ $commandName } <nick> <message>: Send a private message [<channel>] to <new mode>"
+    masked = ph.mask(source)
+    assert [p.kind for p in masked.placeholders] == ["fluent", "usage", "usage", "usage", "usage"]
+    assert masked.text == "{ $commandName } {1} {2}: Send a private message [{3}] to {4}"
+    out = ph.unmask(masked, "{ $commandName } <usuário> {1} <mensagem>: {2} Envia uma mensagem privada [{3}] a {4}")
+    assert out == "{ $commandName } <nick>: <message> Envia uma mensagem privada [<channel>] a <new mode>"
+    assert [p.kind for p in ph.find("Press <b>Save</b> or <br> and <kbd>Ctrl</kbd>, <p>Done")] == ["tag"] * 6
+
+
+KIND_SAMPLES = ["%s", "%1$d", "%(count)d", "%2", "{0}", "{name}", "{}", "{ $user }", "{n, plural, one {# file} other "
+                "{# files}}", "$HOME", "${XDG_DIR}", "<b>", "</b>", "<br/>", "<nick>", "&amp;", "https://example.org/a",
+                "help@example.org", "/usr/share/tolk", "\x02", "\u200d", "\u2060", "\u200b", "\ufeff", "\u2028",
+                "\u2029", "\u202e", "\u202c", "\u2066", "🎉", "👨\u200d👩\u200d👧", "👍🏽", "🇧🇷", "✅"]
+INVENTIONS = ["{pasta}", "{ $pasta }", "%(nome)s", "<usuário>", "$PASTA", "%d", "{7}", "{ 1 }", "&xxe;", "%1",
+              "http://exemplo.com", "<i>", "😀", "\u200f", "%%", "{}", "/tmp/x"]
+WORDS = ["o", "arquivo", "salvar", "de", "em", "pasta", ".", "?", ":", "%", "{", "}", "<", "&", "/"]
+
+
+@st.composite
+def model_outputs(draw: st.DrawFn) -> tuple[str, str]:
+    """A source with placeholders of every kind in several positions, and what a model might write for its masked
+    text: the masks and placeholders kept, dropped, repeated, moved, damaged or translated, and new ones."""
+    kinds = draw(st.lists(st.sampled_from(KIND_SAMPLES), min_size=1, max_size=5))
+    words = draw(st.lists(st.sampled_from(["Open", "the", "file", "in", "folder", "now", "Save", "as"]),
+                          min_size=len(kinds) + 1, max_size=len(kinds) + 1))
+    source = " ".join(w for pair in zip(words, [*kinds, ""], strict=True) for w in pair if w).strip()
+    masked = ph.mask(source)
+    pool = [*masked.masks, *INVENTIONS, *WORDS, *(m[:-1] for m in masked.masks if len(m) > 2)]
+    out = draw(st.lists(st.sampled_from(pool), max_size=12))
+    return source, draw(st.sampled_from([" ", ""])).join(out)
+
+
+@settings(max_examples=1500, derandomize=True, database=None, deadline=None)
+@given(model_outputs())
+def test_whatever_the_model_writes_the_placeholders_are_the_sources(case: tuple[str, str]) -> None:
+    source, wrote = case
+    for repair in ("aligned", "end"):
+        out = ph.unmask(ph.mask(source), wrote, repair)
+        assert exact(source, out), (source, wrote, out)
+
+
+@settings(max_examples=500, derandomize=True, database=None, deadline=None)
+@given(st.lists(st.sampled_from([*INVENTIONS, *WORDS, "arquivo", "100%", "R$ 5"]), max_size=10))
+def test_a_plain_sentence_keeps_only_what_streams(words: list[str]) -> None:
+    """A sentence without placeholders loses what a model invents that begins with a sign, and nothing before its
+    first sign and the spaces in front of it changes (the stream sends that part as it decodes)."""
+    wrote = " ".join(words)
+    out = ph.clean(wrote, plain=True)
+    assert not [p for p in ph.find(out) if p.kind not in ("url", "email", "path")], (wrote, out)
+    first = len(wrote[:next((k for k, c in enumerate(wrote) if ph.holds(c)), len(wrote))].rstrip())
+    assert out[:first] == wrote[:first]
+
+
 @pytest.fixture(scope="module")
 def client(tiny_model_dir: Path) -> Iterator[TestClient]:
     with TestClient(create_app(server_settings(tiny_model_dir))) as c:
@@ -176,3 +261,53 @@ def test_streamed_equals_non_streamed_with_placeholders(client: TestClient) -> N
             pieces[d["index"]] = pieces.get(d["index"], "") + d["token"]["text"]
     assert [done[0], done[1]] == whole == [pieces[0], pieces[1]]
     assert all("{1}" not in p for p in pieces.values())
+
+
+CHARACTERS = ["🎉 Congratulations!", "Open 😀 file", "Saved ✅", "Family: 👨\u200d👩\u200d👧 and 👍🏽 in 🇧🇷",
+              "Keycap 1\ufe0f\u20e3 here", "Price: 5 € at 20 °C ©", "a\u200db\u2060c\u200bd", "\ufeffStart of file",
+              "Line one\u2028line two\u2029end", "\u202eReversed\u202c and \u2066isolated\u2069 text",
+              "Left\u200emark\u200f and soft\u00adhyphen"]
+
+
+def carried(text: str) -> list[str]:
+    """The characters a translation must carry, in order: emoji, symbols and Unicode format characters."""
+    return [c for c in text if ph.holds(c) or unicodedata.category(c) in ("So", "Sc", "Sk", "Zl", "Zp")]
+
+
+@pytest.mark.parametrize("texts", [CHARACTERS[:6], CHARACTERS[6:]])
+def test_emoji_symbols_and_format_characters_come_back_in_order(client: TestClient, texts: list[str]) -> None:
+    out = translate(client, texts)
+    assert isinstance(out, list)
+    for source, text in zip(texts, out, strict=True):
+        assert carried(text) == carried(source), (source, text)
+    r = client.post("/translate/stream", json={"q": texts, "source": "en", "target": "pt"})
+    pieces: dict[int, str] = {}
+    for e, d in parse_sse(r.text):
+        if e == "token":
+            pieces[d["index"]] = pieces.get(d["index"], "") + d["token"]["text"]
+        elif e == "done":
+            assert d["translatedText"] == out[d["index"]] == pieces.get(d["index"], "")
+
+
+def test_a_stream_ends_as_the_answer_when_the_model_invents_a_placeholder(tiny_model_dir: Path) -> None:
+    """A plain sentence streams until a sign that may begin a placeholder; the rest waits for the end, when what the
+    model invented is taken out, so that the pieces still make the answer."""
+    from model import checkpoint
+    from model.events import Hypothesis
+    from server.plan import join, make_plan
+    from server.stream import TextStream
+
+    tokenizer = checkpoint.read_meta(tiny_model_dir).tokenizer
+    plan = make_plan(["Open the file now."], tokenizer, False, 64)
+    wrote = tokenizer.encode("Abrir o {arquivo} agora %s e <b>fim</b> &amp; mais")[:-1]
+    best = Hypothesis(wrote, 0.0, "eos", None)
+    answer = join(plan, 0, {0: best}, tokenizer)
+    assert answer == "Abrir o agora e fim & mais"
+    stream = TextStream(plan, 0, tokenizer)
+    pieces = stream.start()
+    for token in wrote:
+        pieces += stream.token(0, token, -0.1)
+    sent = "".join(p.text for p in pieces)
+    assert sent == "Abrir o"  # held from the first sign, and the space before it
+    pieces += stream.finish(0, best)
+    assert "".join(p.text for p in pieces) == answer
