@@ -30,6 +30,7 @@ import os
 import queue
 import threading
 import time
+from collections import Counter
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -94,7 +95,8 @@ class Batcher:
         self._emit = emit
         self._inbox: queue.SimpleQueue[Command] = queue.SimpleQueue()
         self._commands = commands
-        self._waiting = Waiting()  # requests take turns (server/waiting.py)
+        # requests take turns, each within its share of the rows (server/waiting.py)
+        self._waiting = Waiting(settings.max_request_rows or max(1, settings.max_batch_rows * 3 // 4))
         self._records: dict[int, _Record] = {}
         self._out = Output()
         self._gauges: tuple[int, int] = (0, 0)  # (running, waiting) as last sent
@@ -266,11 +268,23 @@ class Batcher:
                 self._stopping.set()
                 return
             if isinstance(command, Submit):
-                self._records[command.request] = _Record(command, time.monotonic())
-                self._waiting.add(Pending(command.request, i, c.beam_size, len(src)) for i, (src, c) in
-                                     enumerate(zip(command.sources, command.configs, strict=True)))
+                self._take_submit(command)
             elif isinstance(command, Cancel):
                 self._close(command.request, None)
+
+    def _take_submit(self, command: Submit) -> None:
+        """A new request's sentences, or the next ones of a request that came in pieces: they wait after everything
+        waiting. The next pieces of a request that has ended (cancelled, failed, timed out) leave at once."""
+        rec = self._records.get(command.request)
+        if command.first and rec is None:
+            self._out.left += len(command.sources)
+            return
+        if rec is None:
+            self._records[command.request] = _Record(command, time.monotonic())
+        else:
+            rec.submit = rec.submit.extend(command)
+        self._waiting.add(Pending(command.request, command.first + i, c.beam_size, len(src)) for i, (src, c) in
+                          enumerate(zip(command.sources, command.configs, strict=True)))
 
     def _expire(self, now: float) -> None:
         for request in [r for r, rec in self._records.items() if now > rec.submit.deadline]:
@@ -301,12 +315,15 @@ class Batcher:
             return self._join_ahead(batch)  # (with an empty batch: waits for the encoder)
         if not self.settings.batching and len(batch):
             return False
+        held: Counter[int] = Counter()  # rows per request
+        for (request, _), seq in batch.seqs.items():
+            held[request] += seq.beam
         count = admissible(
-            ((p.beam, p.tokens) for p in self._waiting.order()), min(batch.free_rows, self._row_limit - batch.n),
-            max_tokens=self.settings.max_admit_tokens,
+            ((p.beam, p.tokens) for p in self._waiting.order(held)),
+            min(batch.free_rows, self._row_limit - batch.n), max_tokens=self.settings.max_admit_tokens,
             max_items=1 if not self.settings.batching else self._admit_cap or None,
             batch_empty=not len(batch), total_free_rows=batch.free_rows)
-        items = self._waiting.take(count)
+        items = self._waiting.take(count, held)
         if not items:
             return False
         if self._encoder is not None and len(batch):
@@ -426,7 +443,7 @@ class Batcher:
         self._out.events.setdefault(event.request, []).append(event)
         rec.finished += 1
         rec.last_token.pop(s, None)
-        if rec.finished == len(rec.submit.sources):
+        if rec.finished == rec.submit.count:
             del self._records[event.request]
 
     def _halve(self, batch: DecodeBatch) -> None:

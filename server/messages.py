@@ -7,7 +7,7 @@ all that passes. Commands go down, `Output` and the lifecycle messages come up. 
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from model.events import Event
@@ -32,7 +32,11 @@ class Target:
 
 @dataclass(frozen=True)
 class Submit:
-    """Decode these sentences of one request; tokens are sent only when `stream`."""
+    """Decode these sentences of one request; tokens are sent only when `stream`.
+
+    A long request comes in pieces (server/scheduler.py): the first Submit says how many sentences the request has
+    in all (`total`), and each later one carries the next sentences, numbered from `first`.
+    """
 
     request: int
     sources: list[list[int]]
@@ -45,6 +49,32 @@ class Submit:
     constraints: list[list[list[list[int]]]] | None = None
     # per sentence, the source positions each of its terms translates (None where not known): where to start them
     constraint_sources: list[list[list[int]] | None] | None = None
+    first: int = 0  # the request's number of this Submit's first sentence (0: the request's first Submit)
+    total: int | None = None  # sentences the request has in all, over its Submits (None: these)
+
+    @property
+    def count(self) -> int:
+        """Sentences the request has in all."""
+        return self.total if self.total is not None else len(self.sources)
+
+    def piece(self, start: int, stop: int) -> Submit:
+        """Sentences `start` to `stop` (excluded) of this request, as one of its Submits."""
+        cut = slice(start, stop)
+        return replace(self, sources=self.sources[cut], configs=self.configs[cut],
+                       constraints=self.constraints[cut] if self.constraints is not None else None,
+                       constraint_sources=self.constraint_sources[cut] if self.constraint_sources is not None
+                       else None, first=start, total=len(self.sources))
+
+    def extend(self, more: Submit) -> Submit:
+        """This request with the next sentences of `more` after its own."""
+        n, m = len(self.sources), len(more.sources)
+        constraints = constraint_sources = None
+        if self.constraints is not None or more.constraints is not None:
+            constraints = (self.constraints or [[] for _ in range(n)]) + (more.constraints or [[] for _ in range(m)])
+            constraint_sources = ((self.constraint_sources or [None] * n)
+                                  + (more.constraint_sources or [None] * m))
+        return replace(self, sources=self.sources + more.sources, configs=self.configs + more.configs,
+                       constraints=constraints, constraint_sources=constraint_sources)
 
 
 @dataclass(frozen=True)

@@ -5,6 +5,11 @@ through a `Transport` (server/transport.py): a child process by default, a threa
 batcher's `Output` comes back on another thread; its events go to their jobs' event loops (server/jobs.py) and its
 metrics to the collectors. When the batcher ends without being asked (`Exited`), every job still open fails (500)
 and `dead` turns true, so the registry's supervisor calls `restart()`.
+
+A long request goes to the batcher in pieces: at most `window` of its sentences are there unfinished at once, and
+the next piece is sent (from the job's event loop) when half of them have finished. So a 6,000-line document fills
+the rows without filling the queue, and the queue's bound (429) measures a full server, not one busy with a file:
+a request arriving at an empty queue was always taken whole, and 3,000 lines then refused everyone else.
 """
 
 from __future__ import annotations
@@ -41,6 +46,10 @@ class _Open:
     sent: list[int] | None = None  # the request's index of each sentence sent (None: all were, in order)
     copies: dict[int, list[int]] = field(default_factory=dict)  # a sentence sent -> its repeats in the request
     logprobs: dict[int, list[float]] = field(default_factory=dict)  # streamed token log-probs per sentence
+    rest: Submit | None = None  # every sentence to send, when they go in pieces
+    next: int = 0  # of those, how many were sent
+    open: int = 0  # sentences sent whose FinishEvent has not come
+    refilling: bool = False  # a next piece is on its way to the event loop
 
 
 def _with_copies(events: list[Event | TolkError], copies: dict[int, list[int]]) -> list[Event | TolkError]:
@@ -63,6 +72,7 @@ class Scheduler:
         self.settings = settings
         self.max_source_tokens = max_source_tokens
         self.transport = transport
+        self.window = max(1, min(settings.max_queue, 2 * settings.max_batch_rows))  # a request's unfinished sentences
         self.ready: Ready | None = None  # what the batcher said when it started
         self._metrics = metrics
         self._lock = threading.Lock()  # guards _jobs, _submitted and _left
@@ -157,24 +167,27 @@ class Scheduler:
             missed = "error" if self.cache.errors > failures else "miss"  # the shared cache could not be read
             self._metrics.translation_cache.labels(model=self.name, result="hit").inc(len(hits))
             self._metrics.translation_cache.labels(model=self.name, result=missed).inc(kept - len(hits))
+        timeout = timeout if timeout is not None else self.settings.request_timeout
+        terms = [constraints[i] for i in sent] if constraints is not None and any(constraints) else None
+        where = [constraint_sources[i] for i in sent] if terms is not None and constraint_sources is not None else None
+        head = min(len(sent), self.window)  # the first piece
         with self._lock:
-            if sent and self.queued and self.queued + len(sent) > self.settings.max_queue:
+            if sent and self.queued and self.queued + head > self.settings.max_queue:
                 raise Overloaded("too many sentences are waiting; retry later", self.settings.retry_after)
             job = Job(next(self._requests), len(sources), stream, self.cancel)
             if sent:
-                self._submitted += len(sent)
+                whole = Submit(job.request, [sources[i] for i in sent], [configs[i] for i in sent], stream,
+                               time.monotonic() + timeout, timeout, terms, where)
+                self._submitted += head
                 due = set(sent).union(*copies.values())
                 renumbered = len(sent) < len(sources)
-                self._jobs[job.request] = _Open(job, due, keys, sent if renumbered else None, copies)
+                self._jobs[job.request] = _Open(job, due, keys, sent if renumbered else None, copies,
+                                                rest=whole if head < len(sent) else None, next=head, open=head)
         if hits:  # answered here, before anything the batcher sends
             job.put([event for i, entry in hits.items() for event in entry.events(job.request, i, stream)])
         if not sent:
             return job
-        timeout = timeout if timeout is not None else self.settings.request_timeout
-        terms = [constraints[i] for i in sent] if constraints is not None and any(constraints) else None
-        where = [constraint_sources[i] for i in sent] if terms is not None and constraint_sources is not None else None
-        submit = Submit(job.request, [sources[i] for i in sent], [configs[i] for i in sent], stream,
-                        time.monotonic() + timeout, timeout, terms, where)
+        submit = whole.piece(0, head) if head < len(sent) else whole
         if not self.transport.send(submit):
             self._forget(job.request)
             raise NotReady(f"model {self.name} is not running")
@@ -183,6 +196,23 @@ class Scheduler:
     def cancel(self, job: Job) -> None:
         if self._forget(job.request):
             self.transport.send(Cancel(job.request))
+
+    def _send_more(self, request: int) -> None:
+        """The request's next piece, on its event loop (`_receive`'s thread must not wait on the batcher's pipe)."""
+        with self._lock:
+            entry = self._jobs.get(request)
+            if entry is None or entry.rest is None:
+                return
+            entry.refilling = False
+            start, stop = entry.next, min(len(entry.rest.sources), entry.next + self.window - entry.open)
+            if stop <= start:
+                return
+            entry.next, entry.open = stop, entry.open + stop - start
+            self._submitted += stop - start
+            piece = entry.rest.piece(start, stop)
+            if stop == len(entry.rest.sources):
+                entry.rest = None
+        self.transport.send(piece)  # a batcher that is gone fails the job through `Exited`
 
     def _forget(self, request: int) -> bool:
         with self._lock:
@@ -202,12 +232,18 @@ class Scheduler:
             return
         out: dict[Job, list[Event | TolkError]] = {}
         finished: list[Finished] = []
+        more: list[Job] = []  # jobs whose next piece is due
         with self._lock:
             self._left = message.left
             for request, events in message.events.items():
                 entry = self._jobs.get(request)
                 if entry is None:  # cancelled here after the batcher sent these
                     continue
+                if entry.rest is not None:
+                    entry.open -= sum(isinstance(e, FinishEvent) for e in events)
+                    if not entry.refilling and entry.open <= self.window // 2:
+                        entry.refilling = True
+                        more.append(entry.job)
                 if entry.sent is not None:  # some sentences were not sent: number the rest as the request did
                     events = [e if isinstance(e, TolkError) else dataclasses.replace(e, sentence=entry.sent[e.sentence])
                               for e in events]
@@ -231,6 +267,11 @@ class Scheduler:
         if local:
             self.cache.put_many(finished)
         deliver(out)
+        for job in more:
+            try:
+                job.loop.call_soon_threadsafe(self._send_more, job.request)
+            except RuntimeError:  # its event loop has closed: nobody waits for it any more
+                self._forget(job.request)
         message.stats.apply(self._metrics, self.name)
         if self.cache.enabled and not local:
             self.cache.put_many(finished)

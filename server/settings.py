@@ -60,6 +60,9 @@ class Settings(BaseSettings):
                                     "meanwhile waits at most about this long to join, and streamed tokens come in "
                                     "bursts as long; 0 = one step at a time")
     max_batch_rows: int = Field(default=32, ge=1, le=1024, description="cache rows decoding together")
+    max_request_rows: int | None = Field(default=None, ge=1, le=1024, description="rows one request may hold "
+                                         "(a beam takes beam_size rows), so that the rest are free for the next "
+                                         "request at the next step; None = three quarters of max_batch_rows")
     max_admit_tokens: int = Field(default=4096, ge=1, description="source tokens encoded in one admission step")
     max_source_tokens: int = Field(default=256, ge=8, le=4096, description="longest sentence; longer ones are split")
     max_queue: int = Field(default=1024, ge=1, description="sentences waiting for rows before requests get 429")

@@ -5,12 +5,17 @@ waited longest since it was last served, and a request just served goes to the b
 arrives behind a long document is admitted at one of the next free rows instead of after every sentence of the
 document (first come, first served by sentence made it wait 5.7 s behind an 800-cue subtitle file,
 bench/document_load.py).
+
+Taking turns is not enough when one request can fill every row: four texts with a beam of 8 took all 32, and a short
+request then waited until one of them finished (3.5 s; 9.8 s with a glossary). So a request holds at most its share
+of the rows (`share`), and the rows beyond it stay for others, who join at the next step. A request holding no rows
+may always take its next sentence, whatever its beam.
 """
 
 from __future__ import annotations
 
 from collections import OrderedDict, deque
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
 
 
@@ -25,9 +30,11 @@ class Pending:
 
 
 class Waiting:
-    """Waiting sentences per request, in turn order (the request served least recently first)."""
+    """Waiting sentences per request, in turn order (the request served least recently first); each request within
+    `share` rows (None: no limit)."""
 
-    def __init__(self) -> None:
+    def __init__(self, share: int | None = None) -> None:
+        self.share = share
         self._queues: OrderedDict[int, deque[Pending]] = OrderedDict()
 
     def __bool__(self) -> bool:
@@ -50,20 +57,31 @@ class Waiting:
     def drop(self, request: int) -> None:
         self._queues.pop(request, None)
 
-    def order(self) -> Iterator[Pending]:
-        """The sentences in the order they would be admitted: one per request per round, in turn order."""
+    def order(self, held: Mapping[int, int] | None = None) -> Iterator[Pending]:
+        """The sentences in the order they would be admitted: one per request per round, in turn order. A request's
+        sentences stop where its rows (`held` in the batch, and those before in this order) would pass its share."""
+        rows = dict(held or {})
         queues = list(self._queues.values())
         depth = 0
         while queues:
+            more = []
             for q in queues:
-                yield q[depth]
+                p = q[depth]
+                have = rows.get(p.request, 0)
+                if self.share is not None and have and have + p.beam > self.share:
+                    continue  # at its share: this sentence and the request's later ones wait
+                rows[p.request] = have + p.beam
+                yield p
+                if len(q) > depth + 1:
+                    more.append(q)
             depth += 1
-            queues = [q for q in queues if len(q) > depth]
+            queues = more
 
-    def take(self, count: int) -> list[Pending]:
-        """Remove the first `count` sentences of `order()`; the requests served go to the back, in that order."""
+    def take(self, count: int, held: Mapping[int, int] | None = None) -> list[Pending]:
+        """Remove the first `count` sentences of `order(held)`; the requests served go to the back, in that
+        order."""
         items: list[Pending] = []
-        for p in self.order():
+        for p in self.order(held):
             if len(items) == count:
                 break
             items.append(p)

@@ -31,7 +31,9 @@ OPTIONS: list[dict[str, Any]] = [{}, {"max_new_tokens": 7}, {"beam_size": 2}, {"
 
 @pytest.fixture
 def scheduler(tiny_loaded: LoadedModel, tiny_model_dir: Path) -> Iterator[Scheduler]:
-    s = thread_scheduler(tiny_loaded, server_settings(tiny_model_dir, max_batch_rows=8, scheduler_process=False))
+    # one request may take every row here: the faults below need a full batch
+    settings = server_settings(tiny_model_dir, max_batch_rows=8, max_request_rows=8, scheduler_process=False)
+    s = thread_scheduler(tiny_loaded, settings)
     s.start()
     yield s
     s.stop()
