@@ -62,7 +62,7 @@ async def lifespan(app: FastAPI) -> AsyncIterator[None]:
     writer: asyncio.Task[None] | None = None
     try:
         await run_in_threadpool(registry.start)  # starting batchers blocks; the event loop stays free
-        app.state.detector = LazyDetector(registry.sources())  # its model loads when it is first needed
+        app.state.detector = LazyDetector(registry.languages())  # its model loads when it is first needed
         app.state.files = store
         app.state.file_workers = workers
         app.state.documents = jobs = documents.DocumentJobs(store, settings.max_document_jobs, settings.file_ttl,

@@ -1,8 +1,10 @@
-"""Language detection, offline: py3langid's model (inside its wheel), restricted to the languages the server serves.
+"""Language detection, offline: py3langid's model (inside its wheel) over every language it knows.
 
-py3langid is a naive Bayes classifier over byte n-grams (about 140 languages, 4.6 MB). Restricted to a set of
-languages, its scores are a probability over that set alone; a confidence here is that probability times 100. So a
-server that translates from one language only detects that one, with confidence 100, whatever the text.
+py3langid is a naive Bayes classifier over byte n-grams (97 languages, 4.6 MB). Its probabilities assume every
+language equally likely; here the languages the server serves (from or into) are taken as `PRIOR` times likelier
+than the others, since a server's users mostly send those: a short string ("Save") stays English or Portuguese as
+it is, and a sentence in a language the server does not serve is detected as that language, not forced onto a
+served one. A confidence is that probability times 100.
 """
 
 from __future__ import annotations
@@ -19,6 +21,10 @@ log = logging.getLogger(__name__)
 
 # Detection reads a text's beginning only: past this many characters it is no surer, only slower.
 MAX_CHARS = 2000
+# A served language is this many times likelier than another: short UI strings in the served languages are detected
+# as well as when detection was restricted to them, and sentences in others as themselves (docs/benchmarks.md,
+# "Language detection over every language").
+PRIOR = 20.0
 # A served code whose base is not py3langid's name for the language.
 ALIASES = {"nb": "no", "iw": "he", "in": "id", "fil": "tl", "zt": "zh", "pb": "pt"}
 
@@ -31,65 +37,56 @@ def base_language(code: str) -> str:
 
 @dataclass(frozen=True)
 class Detection:
-    language: str  # a served code
-    confidence: float  # 0..100: the probability of this language among the served ones
+    language: str  # a served code, or the detector's code for a language the server does not serve
+    confidence: float  # 0..100: the probability of this language
 
 
 class Detector:
-    """py3langid restricted to `languages` (served codes); loading the model takes about a second, so build it once.
+    """py3langid over all its languages, `languages` (served codes) PRIOR times likelier; loading takes about a
+    second, so build it once."""
 
-    With fewer than two languages the model is never loaded: the one language is certain.
-    """
-
-    def __init__(self, languages: Collection[str]) -> None:
+    def __init__(self, languages: Collection[str], prior: float = PRIOR) -> None:
         self.languages = sorted(set(languages))
-        self._identifier: LanguageIdentifier | None = None
-        self._codes: dict[str, list[str]] = {}  # label -> the served codes that share it
-        if len(self.languages) < 2:
-            return
-        identifier = LanguageIdentifier.from_model_file(MODEL_FILE, norm_probs=True)
-        known = set(identifier.labels)
+        self.prior = prior
+        self._identifier = LanguageIdentifier.from_model_file(MODEL_FILE, norm_probs=True)
+        known = set(self._identifier.labels)
+        self._codes: dict[str, str] = {}  # label -> the served code it is answered as
         for code in self.languages:
             label = base_language(code)
             if label in known:
-                self._codes.setdefault(label, []).append(code)
+                self._codes.setdefault(label, code)
             else:
                 log.warning("language detection does not know %r; it is never detected", code)
-        if self._codes:
-            identifier.set_languages(list(self._codes))
-            self._identifier = identifier
 
     def probabilities(self, text: str) -> dict[str, float]:
-        """The probability of each served language for this text (they sum to 1 over the languages it knows)."""
-        if self._identifier is None:
-            return {code: 1.0 for code in self.languages[:1]}
+        """The probability of each language for this text, by served code (or the detector's own code)."""
         # Spaces around the text: the model's n-grams include word boundaries, which a lone word ("Save") lacks
-        # (on short UI strings, en/pt: 86-91% right without them, 93-96% with; sentences alike, bench/detect.py).
-        scores = dict(self._identifier.rank(f" {text[:MAX_CHARS]} "))
-        probs = {code: float(scores[label]) / len(codes) for label, codes in self._codes.items() for code in codes}
-        return {code: probs.get(code, 0.0) for code in self.languages}
+        # (docs/benchmarks.md, "Language detection").
+        ranked = self._identifier.rank(f" {text[:MAX_CHARS]} ")
+        weighted = {self._codes.get(label, label): float(p) * (self.prior if label in self._codes else 1.0)
+                    for label, p in ranked}
+        total = sum(weighted.values()) or 1.0
+        return {code: p / total for code, p in weighted.items()}
 
     def detect(self, text: str, limit: int = 3) -> list[Detection]:
-        """The likeliest served languages of one text, best first (at least one; none below 0.1)."""
+        """The likeliest languages of one text, best first (at least one; none below 0.1)."""
         return _ranked(self.probabilities(text), limit)
 
     def detect_all(self, texts: Sequence[str], limit: int = 3) -> list[Detection]:
         """One ranking for several texts, as LibreTranslate answers a list: each language's probability averaged
         over the texts, weighted by their lengths."""
-        total: dict[str, float] = dict.fromkeys(self.languages, 0.0)
+        total: dict[str, float] = {}
         weight = 0
         for text in texts:
             n = min(len(text), MAX_CHARS)
             for code, p in self.probabilities(text).items():
-                total[code] += n * p
+                total[code] = total.get(code, 0.0) + n * p
             weight += n
         return _ranked({code: p / max(weight, 1) for code, p in total.items()}, limit)
 
-    def best(self, text: str, among: Sequence[str]) -> Detection:
-        """The likeliest of `among` (served codes; the first wins a tie), with its probability among all served."""
-        probs = self.probabilities(text)
-        code = max(among, key=lambda c: probs.get(c, 0.0))
-        return Detection(code, _percent(probs.get(code, 0.0)))
+    def best(self, text: str) -> Detection:
+        """The likeliest language of a text."""
+        return self.detect(text, limit=1)[0]
 
 
 def _percent(p: float) -> float:

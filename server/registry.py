@@ -309,6 +309,14 @@ class Registry:
             raise UnsupportedLanguage(f"no model translates into {target}; this server has {pairs}")
         return found
 
+    def languages(self) -> list[str]:
+        """Every language a model translates from or into."""
+        return sorted({m.source for m in self.models} | self._served_targets())
+
+    def knows(self, language: str) -> bool:
+        """Whether some model translates from or into the language a client's code means."""
+        return match(language, self.languages()) is not None
+
     def target_language(self, target: str | None) -> str | None:
         """The served language a client's target means (the only one when it names none), or None."""
         served = self._served_targets()

@@ -1,9 +1,11 @@
 """Which model translates each text of a request, and the translations put back in the request's order.
 
-A named source language sends every text to the one model for the pair. `auto` detects each text's language among
-the languages that have a model into the target (`server/detect.py`), so one request may go to several models:
-each model gets one job with its texts, and the answers, whole or streamed, come back by the request's indices.
-A pair that no model translates goes through English when two models make the way (`server/pivot.py`).
+A named source language sends every text to the one model for the pair. `auto` detects each text's language
+(`server/detect.py`), so one request may go to several models: each model gets one job with its texts, and the
+answers, whole or streamed, come back by the request's indices. A pair that no model translates goes through English
+when two models make the way (`server/pivot.py`). A text already in the target language (named so, or detected) comes
+back as it is, as LibreTranslate answers it; one detected in a language no model (or pivot) translates is refused
+with the language named, never translated from another.
 """
 
 from __future__ import annotations
@@ -19,10 +21,11 @@ from starlette.concurrency import run_in_threadpool
 from server.detect import MAX_CHARS, Detection, LazyDetector
 from server.errors import UnsupportedLanguage
 from server.glossaries import Glossary
-from server.languages import standard
+from server.languages import match, standard
 from server.pivot import PivotTranslation
 from server.plan import PieceEvent, TextDone, TextResult, Translation
 from server.registry import Registry, ServedModel
+from server.stream import Piece
 from server.text import split_html
 
 # Detecting up to this many characters in all stays on the event loop (well under a millisecond); more goes to a
@@ -30,12 +33,11 @@ from server.text import split_html
 INLINE_CHARS = 4000
 
 Event = PieceEvent | TextDone
-Translating = Translation | PivotTranslation  # what a route's texts are answered by
 
 
 @dataclass
 class Route:
-    served: ServedModel  # the model that answers (into the request's target)
+    served: ServedModel | None  # the model that answers (into the request's target); None: the texts are in it
     indices: list[int]  # the positions of its texts in the request
     via: ServedModel | None = None  # through English: the model of the first leg (server/pivot.py)
     target: str | None = None  # the served language asked for (a multilingual model's token picks it)
@@ -67,21 +69,51 @@ def visible_text(text: str, html: bool) -> str:
 async def route(registry: Registry, detector: LazyDetector, source: str, target: str | None, texts: list[str],
                 html: bool) -> Routing:
     """The model of each text: the pair's model, or with source `auto` the model of each text's detected language."""
+    everything = list(range(len(texts)))
     if source != "auto":
-        return Routing([direct_or_pivot(registry, source, target, list(range(len(texts))))], None)
-    candidates = registry.sources(target)
+        if _same(source, target) and registry.knows(source):
+            return Routing([Route(None, everything, target=target)], None)
+        return Routing([direct_or_pivot(registry, source, target, everything)], None)
     found = await detector.get()
     samples = [visible_text(text, html)[:MAX_CHARS] for text in texts]
 
     def detect() -> list[Detection]:
-        return [found.best(sample, candidates) for sample in samples]
+        return [found.best(sample) for sample in samples]
 
     detected = detect() if sum(map(len, samples)) <= INLINE_CHARS else await run_in_threadpool(detect)
     groups: dict[str, list[int]] = {}
     for i, d in enumerate(detected):
         groups.setdefault(d.language, []).append(i)
-    return Routing([direct_or_pivot(registry, language, target, indices) for language, indices in groups.items()],
-                   detected)
+    return Routing([detected_route(registry, detected[indices[0]], target, indices)
+                    for indices in groups.values()], detected)
+
+
+def detected_route(registry: Registry, found: Detection, target: str | None, indices: list[int]) -> Route:
+    """The route of texts detected in one language: none when they are in the target already; 400 naming the
+    language when no model (or pivot) translates it into the target."""
+    into = target if target is not None else registry.target_language(None)
+    if into is not None and _same(found.language, into):
+        return Route(None, indices, target=into)
+    try:
+        return direct_or_pivot(registry, found.language, target, indices)
+    except UnsupportedLanguage as exc:
+        where = f"q[{indices[0]}]" if len(indices) == 1 else f"q[{indices[0]}] and {len(indices) - 1} more"
+        raise UnsupportedLanguage(
+            f"{where}: detected language {found.language} (confidence {found.confidence}), which this server does "
+            f"not translate into {into or 'the target'}; it translates from {', '.join(_sources(registry, into))}"
+        ) from exc
+
+
+def _sources(registry: Registry, target: str | None) -> list[str]:
+    try:
+        return registry.sources(target)
+    except UnsupportedLanguage:
+        return registry.sources()
+
+
+def _same(language: str, other: str | None) -> bool:
+    """Whether two codes name one language (`pt-BR` and `pt` do, `en` and `pt` do not)."""
+    return other is not None and match(language, [other]) is not None
 
 
 def _language(tag: str) -> str:
@@ -91,6 +123,8 @@ def _language(tag: str) -> str:
 def check_glossary(r: Route, glossary: Glossary) -> None:
     """A glossary is used by a model of its own language pair (regional variants aside), never through English."""
     info = glossary.info
+    if r.served is None:  # texts already in the target language: nothing to apply it to
+        return
     target = r.target or r.served.target
     if r.via is not None:
         raise UnsupportedLanguage(f"glossary {info.glossary_id} needs a model for {info.source_lang} -> "
@@ -98,6 +132,29 @@ def check_glossary(r: Route, glossary: Glossary) -> None:
     if (_language(info.source_lang), _language(info.target_lang)) != (_language(r.served.source), _language(target)):
         raise UnsupportedLanguage(f"glossary {info.glossary_id} is for {info.source_lang} -> {info.target_lang}, "
                                   f"not {r.served.source} -> {target}")
+
+
+class Unchanged:
+    """Texts already in the target language, answered as they are."""
+
+    load_s = 0.0
+
+    def __init__(self, texts: list[str]) -> None:
+        self.texts = texts
+
+    def cancel(self) -> None:
+        pass
+
+    async def results(self) -> list[TextResult]:
+        return [TextResult(text, [], "eos", 0, 0, []) for text in self.texts]
+
+    async def stream(self) -> AsyncIterator[Event]:
+        for i, text in enumerate(self.texts):
+            yield PieceEvent(i, Piece(text, None, None))
+            yield TextDone(i, TextResult(text, [], "eos", 0, 0, []))
+
+
+Translating = Translation | PivotTranslation | Unchanged  # what a route's texts are answered by
 
 
 class RoutedTranslation:
@@ -125,7 +182,9 @@ class RoutedTranslation:
             for r in routing.routes:
                 mine = [texts[i] for i in r.indices]
                 translation: Translating
-                if r.via is None:
+                if r.served is None:
+                    translation = Unchanged(mine)
+                elif r.via is None:
                     translation = await r.served.translate(mine, html, options, alternatives, stream, timeout,
                                                            target=r.target, glossary=glossary)
                 else:

@@ -355,7 +355,7 @@ def test_a_libretranslate_page_upload(client: TestClient) -> None:
     r = client.post("/translate_file", files={"file": ("Résumé final.txt", b"Open the file.", "text/plain")},
                     data={"source": "auto", "target": "pt", "api_key": ""})
     assert r.status_code == 200, r.text
-    assert r.json()["detectedLanguage"] == {"confidence": 100.0, "language": "en"}
+    assert r.json()["detectedLanguage"]["language"] == "en" and r.json()["detectedLanguage"]["confidence"] > 90
     url = r.json()["translatedFileUrl"]
     assert URL.fullmatch(url) and url.endswith(".Resume_final_pt.txt")
     r = client.get(url)

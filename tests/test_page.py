@@ -286,6 +286,34 @@ def test_detection_is_offered_and_the_detected_language_shown(browser: Any, tiny
         context.close()
 
 
+@pytest.mark.parametrize(("locale", "target"), [("en-US", "pt"), ("pt-BR", "en")])
+def test_a_first_visit_opens_on_a_target_the_visitor_wants(browser: Any, tiny_model_dir: Path, tmp_path: Path,
+                                                           locale: str, target: str) -> None:
+    """en -> pt and pt -> en: the page opens on detection into the language the visitor does not write (by the
+    browser's language), remembers the pair chosen, and English sent to English comes back as it is."""
+    dirs = [tiny_model_dir, renamed(tiny_model_dir, tmp_path / "pt-en", "pt", "en")]
+    config = settings(tiny_model_dir).model_copy(update={"models": dirs, "scheduler_process": False})
+    english = "The file could not be opened because the disk is full."
+    with live_server(create_app(config)) as url:
+        context = browser.new_context(viewport={"width": 1200, "height": 900}, locale=locale)
+        tab = context.new_page()
+        tab.set_default_timeout(20_000)
+        tab.goto(url + "/")
+        tab.wait_for_selector("#translate:enabled")
+        assert (tab.input_value("#source"), tab.input_value("#target")) == ("auto", target)
+        tab.select_option("#target", "en")
+        tab.fill("#text", english)
+        tab.click("#translate")
+        tab.wait_for_selector("#output[data-state=done]")
+        assert tab.input_value("#output") == english
+        assert _post(url + "/translate", {"q": english, "source": "auto", "target": "en"})["translatedText"] == english
+        assert " · detected English (" in tab.inner_text("#stats")
+        tab.reload()
+        tab.wait_for_selector("#translate:enabled")
+        assert (tab.input_value("#source"), tab.input_value("#target")) == ("auto", "en")  # the choice, remembered
+        context.close()
+
+
 def test_phone_sized_screenshot_is_not_blank(page: Any, tmp_path: Path) -> None:
     page.set_viewport_size({"width": 390, "height": 844})
     page.fill("#text", "Save changes before closing.")

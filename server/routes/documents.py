@@ -57,7 +57,7 @@ from server.routes.files import (
     store_translation,
     upload_glossary,
 )
-from server.routing import RoutedTranslation
+from server.routing import RoutedTranslation, Unchanged
 from server.schemas import error_responses
 
 log = logging.getLogger(__name__)
@@ -216,7 +216,7 @@ async def collect(translation: RoutedTranslation, job: DocumentJob) -> list[str]
     weights: dict[int, int] = {}
     for indices, part in translation.parts:
         for j, i in enumerate(indices):
-            weights[i] = len(part.plan.texts[j].sentences)
+            weights[i] = 1 if isinstance(part, Unchanged) else len(part.plan.texts[j].sentences)
     total = sum(weights.values()) or 1
     texts = [""] * len(weights)
     done = 0

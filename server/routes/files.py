@@ -37,7 +37,7 @@ from server.glossaries import Glossary
 from server.registry import Registry
 from server.routes.glossaries import glossary_for
 from server.routes.translate import unless_disconnected
-from server.routing import RoutedTranslation, Routing, check_glossary, route
+from server.routing import RoutedTranslation, Routing, check_glossary, detected_route, route
 from server.schemas import DetectedLanguage, FileTranslation, error_responses
 from server.settings import Settings
 
@@ -103,13 +103,11 @@ async def read_upload(request: Request, settings: Settings) -> Upload:
                   fields.get("api_key") or None, fields)
 
 
-async def detect_source(registry: Registry, detector: LazyDetector, target: str | None,
-                        sample: str) -> Detection:
-    """The document's language among those with a model into target, from the start of its text (a document is
-    one language: its short paragraphs are not each detected on their own)."""
-    candidates = registry.sources(target)
+async def detect_source(detector: LazyDetector, sample: str) -> Detection:
+    """The document's language, from the start of its text (a document is one language: its short paragraphs are
+    not each detected on their own)."""
     found = await detector.get()
-    return found.best(sample, candidates)
+    return found.best(sample)
 
 
 def download_name(filename: str, target: str, ext: str) -> str:
@@ -144,7 +142,8 @@ class PreparedFile:
     def name(self) -> str:
         """What the translated file is downloaded as."""
         first = self.routing.routes[0]
-        return download_name(self.upload.filename, first.target or first.served.target, self.ext)
+        target = first.target or (first.served.target if first.served is not None else self.upload.target)
+        return download_name(self.upload.filename, target or "translated", self.ext)
 
 
 async def upload_glossary(request: Request, settings: Settings, upload: Upload) -> Glossary | None:
@@ -170,9 +169,11 @@ async def prepare_file(upload: Upload, registry: Registry, detector: LazyDetecto
     if source == "auto" and glossary is not None:  # as DeepL, a glossary names the source language
         source = glossary.info.source_lang
     if source == "auto":
-        detected = await detect_source(registry, detector, upload.target, read.sample)
-        source = detected.language
-    routing = await route(registry, detector, source, upload.target, read.texts, html=True)
+        detected = await detect_source(detector, read.sample)
+        everything = list(range(len(read.texts)))
+        routing = Routing([detected_route(registry, detected, upload.target, everything)], [detected] * len(everything))
+    else:
+        routing = await route(registry, detector, source, upload.target, read.texts, html=True)
     if glossary is not None:
         for r in routing.routes:
             check_glossary(r, glossary)  # refused here, before a background translation starts

@@ -113,7 +113,7 @@ async function load(attempt = 0) {
   el.max_new_tokens.max = state.limits.max_new_tokens;
   el.min_new_tokens.max = state.limits.max_new_tokens;
   el.beam_size.max = Math.min(state.limits.max_beam_size, state.limits.max_batch_rows);
-  fillSources(localStorage.getItem("tolk.source"), localStorage.getItem("tolk.target"));
+  fillSources(localStorage.getItem("tolk.source"), localStorage.getItem("tolk.target") || firstTarget());
   el.source.disabled = el.target.disabled = el.translate.disabled = false;
   updateCounter();
   say(state.languages.length ? "" : "The server has no models loaded.");
@@ -123,6 +123,15 @@ async function load(attempt = 0) {
 function options(select, codes, chosen) {
   select.replaceChildren(...codes.map((code) => new Option(languageName(code), code)));
   if (codes.includes(chosen)) select.value = chosen;
+}
+
+// A first visit opens on a target the visitor likely wants: not their browser's language, which is the one they
+// are likely to type, and the server's first model's target before the others. Later visits open on their choice.
+function firstTarget() {
+  const typed = (navigator.languages || [navigator.language]).map((tag) => tag.split("-")[0].toLowerCase());
+  const targets = [...new Set(state.languages.flatMap((l) => l.targets))].sort();
+  const candidates = [...state.models.map((m) => m.target).filter((t) => targets.includes(t)), ...targets];
+  return candidates.find((t) => !typed.includes(t.split("-")[0].toLowerCase())) || candidates[0] || null;
 }
 
 // Detection is offered when there is something to tell apart: more than one source language.
