@@ -20,6 +20,7 @@ from server.documents.store import FileStore
 from server.documents.workers import FileWorkers
 from server.errors import DisconnectGuard, install_handlers
 from server.glossaries import GlossaryStore
+from server.logs import scrub_access_log
 from server.metrics import Metrics, MetricsMiddleware
 from server.multilingual import MultilingualStore
 from server.ratelimit import RateLimiter
@@ -50,6 +51,7 @@ log = logging.getLogger(__name__)
 @asynccontextmanager
 async def lifespan(app: FastAPI) -> AsyncIterator[None]:
     settings: Settings = app.state.settings
+    scrub_access_log()  # keys and text travel in query strings
     registry = Registry(settings, app.state.metrics)
     supervisor: asyncio.Task[None] | None = None
     store = FileStore(settings.file_ttl, settings.file_store_bytes, settings.file_dir)

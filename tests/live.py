@@ -12,13 +12,14 @@ from fastapi import FastAPI
 
 
 @contextmanager
-def live_server(app: FastAPI, lifespan: bool = True, timeout: float = 60.0) -> Iterator[str]:
+def live_server(app: FastAPI, lifespan: bool = True, timeout: float = 60.0,
+                log_level: str = "warning") -> Iterator[str]:
     """Serve `app` and yield its base URL once it listens (after its lifespan started the models, if `lifespan`).
 
     With `lifespan=False` the app's lifespan is left to whoever runs it already (a TestClient sharing the app).
     """
     server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=0, lifespan="on" if lifespan else "off",
-                                           log_level="warning"))
+                                           log_level=log_level))
     thread = threading.Thread(target=server.run, name="uvicorn", daemon=True)
     thread.start()
     deadline = time.monotonic() + timeout
