@@ -24,7 +24,7 @@ class GenerationConfig:
     num_hypotheses: int = 1  # n-best returned (at most beam_size)
     length_penalty: float = 1.0  # beam scores are divided by length ** length_penalty
     do_sample: bool = False  # sample instead of taking the most likely token (beam_size must be 1)
-    temperature: float = 1.0  # > 0; divides the logits before sampling
+    temperature: float = 1.0  # 0.01 to 100; divides the logits before sampling
     top_k: int = 0  # sample among the k most likely tokens; 0 = all
     top_p: float = 1.0  # sample within the smallest set of tokens whose probability reaches p; 1 = all
     seed: int | None = None  # makes sampling reproducible, whatever else shares the batch
@@ -53,11 +53,13 @@ class GenerationConfig:
             ("num_hypotheses", 1 <= self.num_hypotheses <= self.beam_size, "must be between 1 and beam_size"),
             ("length_penalty", -10.0 <= self.length_penalty <= 10.0, "must be between -10 and 10"),
             ("do_sample", not (self.do_sample and self.beam_size > 1), "sampling needs beam_size 1"),
-            ("temperature", 0.0 < self.temperature <= 100.0, "must be > 0 and <= 100"),
+            # Logits divided by less overflow (1e-308 is 0 in float32): for the likeliest token, sample no more.
+            ("temperature", 0.01 <= self.temperature <= 100.0, "must be between 0.01 and 100 (for the likeliest "
+                                                                "tokens always, do_sample false)"),
             ("top_k", 0 <= self.top_k < 2**31, "must be between 0 and 2**31 - 1"),
             ("top_p", 0.0 < self.top_p <= 1.0, "must be > 0 and <= 1"),
             ("seed", self.seed is None or 0 <= self.seed < 2**63, "must be a non-negative integer"),
-            ("repetition_penalty", 0.0 < self.repetition_penalty <= 10.0, "must be > 0 and <= 10"),
+            ("repetition_penalty", 0.01 <= self.repetition_penalty <= 10.0, "must be between 0.01 and 10"),
             ("no_repeat_ngram_size", 0 <= self.no_repeat_ngram_size <= 16, "must be between 0 and 16"),
             ("max_new_tokens", 1 <= self.max_new_tokens <= MAX_NEW_TOKENS, f"must be between 1 and {MAX_NEW_TOKENS}"),
             ("min_new_tokens", 0 <= self.min_new_tokens <= self.max_new_tokens, "must be between 0 and max_new_tokens"),

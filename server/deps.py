@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hmac
 import json
+import re
 from typing import Annotated, Any, TypeVar
 from urllib.parse import parse_qsl
 
@@ -19,6 +20,7 @@ from server.errors import (
     InvalidEncoding,
     InvalidJSON,
     InvalidRequest,
+    InvalidText,
     NotReady,
     PayloadTooLarge,
     Unauthorized,
@@ -105,7 +107,21 @@ def validate_json(model: type[BaseModel], body: bytes) -> Any:
     try:
         return model.model_validate_json(text)
     except ValidationError as exc:
+        if any(e["type"] == "json_invalid" for e in exc.errors()):
+            _refuse_lone_surrogates(text)
         raise from_validation(exc) from exc
+
+
+def _refuse_lone_surrogates(text: str) -> None:
+    """400 invalid_text for JSON whose strings hold a lone surrogate escape ("\\ud800"): valid JSON that pydantic's
+    parser refuses as a whole, whose text no translation can carry."""
+    try:
+        found = re.search("[\ud800-\udfff]", json.dumps(json.loads(text), ensure_ascii=False))
+    except (ValueError, RecursionError):
+        return
+    if found:
+        raise InvalidText(f"a string of the body holds the lone surrogate U+{ord(found.group()):04X}, which is no "
+                          "character")
 
 
 def _from_pairs(pairs: list[tuple[str, str]], nested_options: bool = True) -> dict[str, Any]:

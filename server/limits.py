@@ -49,8 +49,9 @@ def request_config(defaults: GenerationConfig, options: dict[str, Any], alternat
         raise InvalidSettings(f"alternatives must be at most {settings.max_alternatives}")
     try:
         config = defaults.update(**options)
-        if alternatives:
-            config = config.update(beam_size=max(config.beam_size, alternatives + 1), num_hypotheses=alternatives + 1)
+        if alternatives:  # every hypothesis the beam holds: the ones that read the same are dropped (server/plan.py)
+            beam = max(config.beam_size, alternatives + 1)
+            config = config.update(beam_size=beam, num_hypotheses=beam)
     except ValueError as exc:
         raise InvalidSettings(str(exc)) from exc
     return check(config, settings)

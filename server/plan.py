@@ -293,10 +293,11 @@ class Translation:
         nbest = {s: finished[s].hypotheses for s in sentences}
         if text is None:  # a stream passes the text it sent
             text = join(self.plan, t, {s: h[0] for s, h in nbest.items()}, self.tokenizer)
-        alternatives = [
-            join(self.plan, t, {s: h[min(j, len(h) - 1)] for s, h in nbest.items()}, self.tokenizer)
-            for j in range(1, self.alternatives + 1)
-        ]
+        alternatives: list[str] = []  # distinct, and not the translation itself: fewer when the beam has no more
+        for j in range(1, max((len(h) for h in nbest.values()), default=1)):
+            other = join(self.plan, t, {s: h[min(j, len(h) - 1)] for s, h in nbest.items()}, self.tokenizer)
+            if len(alternatives) < self.alternatives and other != text and other not in alternatives:
+                alternatives.append(other)
         return TextResult(
             text=text,
             alternatives=alternatives,

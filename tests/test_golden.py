@@ -96,3 +96,19 @@ def test_golden_inline_html(shipped: checkpoint.LoadedModel) -> None:
     best = {s: h[0] for s, h in enumerate(generate(shipped.net, plan.sources, configs))}
     got = [join(plan, t, best, shipped.tokenizer) for t in range(len(pages))]
     assert dict(zip(pages, got, strict=True)) == GOLDEN_HTML
+
+
+def test_alternatives_of_the_shipped_model_differ() -> None:
+    """Beam search's n-best holds token sequences that read the same ("Abrir o arquivo." twice) and the translation
+    itself: an answer's alternatives are distinct, none the translation, fewer when the beam holds no more."""
+    from fastapi.testclient import TestClient
+
+    from server.app import create_app
+    from tests.test_server_api import server_settings
+
+    texts = ["Open the file.", "Delete", "Save changes before closing?"]
+    with TestClient(create_app(server_settings(SHIPPED, scheduler_process=False))) as client:
+        r = client.post("/translate", json={"q": texts, "source": "en", "target": "pt", "alternatives": 4})
+    assert r.status_code == 200, r.text
+    for text, others in zip(r.json()["translatedText"], r.json()["alternatives"], strict=True):
+        assert others and len(others) <= 4 and len(set(others)) == len(others) and text not in others, (text, others)

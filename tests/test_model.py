@@ -607,7 +607,8 @@ def test_repetition_penalty_changes_only_seen_tokens() -> None:
 
 @pytest.mark.parametrize(
     "field,value",
-    [("beam_size", 0), ("beam_size", 100), ("temperature", 0.0), ("temperature", -1.0), ("top_p", 1.5),
+    [("beam_size", 0), ("beam_size", 100), ("temperature", 0.0), ("temperature", -1.0), ("temperature", 1e-308),
+     ("repetition_penalty", 1e-308), ("top_p", 1.5),
      ("top_p", 0.0), ("top_k", -1), ("max_new_tokens", 0), ("max_new_tokens", 10**6), ("repetition_penalty", 0.0),
      ("no_repeat_ngram_size", -2), ("num_hypotheses", 5), ("seed", -1), ("do_sample", "yes")],
 )

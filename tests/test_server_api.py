@@ -243,6 +243,10 @@ BAD_JSON: list[tuple[str, Any, int, str]] = [
     ("over the server limit", {"q": "hi", "options": {"max_new_tokens": 600}}, 422, "invalid_settings"),
     ("min over max", {"q": "hi", "options": {"min_new_tokens": 30, "max_new_tokens": 5}}, 422, "invalid_settings"),
     ("sampling with beams", {"q": "hi", "options": {"do_sample": True, "beam_size": 2}}, 422, "invalid_settings"),
+    ("temperature that overflows", {"q": "hi", "options": {"do_sample": True, "temperature": 1e-308}}, 422,
+     "invalid_settings"),
+    ("repetition penalty that overflows", {"q": "hi", "options": {"repetition_penalty": 1e-308}}, 422,
+     "invalid_settings"),
     ("negative alternatives", {"q": "hi", "alternatives": -1}, 422, "validation_error"),
     ("too many alternatives", {"q": "hi", "alternatives": 9}, 422, "invalid_settings"),
     ("control character", {"q": "hi\x00there"}, 400, "invalid_text"),
@@ -260,6 +264,7 @@ def test_bad_json_input(client: TestClient, body: dict[str, Any], status: int, e
 BAD_BODIES: list[tuple[str, bytes, str, int, str]] = [
     ("not utf-8", b'{"q": "caf\xe9", "target": "pt"}', "application/json", 400, "invalid_encoding"),
     ("not json", b'{"q": "hi",', "application/json", 400, "invalid_json"),
+    ("lone surrogate escape", b'{"q": "a\\ud800b", "target": "pt"}', "application/json", 400, "invalid_text"),
     ("json array", b'["hi"]', "application/json", 422, "validation_error"),
     ("form not utf-8", b"q=caf%E9&target=pt", "application/x-www-form-urlencoded", 400, "invalid_encoding"),
     ("form bad options", b"q=hi&target=pt&options=%7B", "application/x-www-form-urlencoded", 400, "invalid_json"),
@@ -279,6 +284,22 @@ def test_other_errors_have_the_error_body(client: TestClient) -> None:
     assert (r.status_code, r.json()["error_type"]) == (404, "not_found")
     r = client.delete("/translate")
     assert (r.status_code, r.json()["error_type"]) == (405, "method_not_allowed")
+
+
+@pytest.mark.parametrize("q", ["Open the file.", ["Save it. Close the window.", "x"]])
+def test_alternatives_differ_from_each_other_and_from_the_translation(client: TestClient, q: str | list[str]) -> None:
+    """At most as many as asked, none twice, none the translation itself (fewer when the beam has no more)."""
+    for alternatives in (1, 4):
+        out = translate(client, q, alternatives=alternatives)
+        texts = [out["translatedText"]] if isinstance(q, str) else out["translatedText"]
+        lists = [out["alternatives"]] if isinstance(q, str) else out["alternatives"]
+        for text, others in zip(texts, lists, strict=True):
+            assert len(others) <= alternatives and len(set(others)) == len(others) and text not in others
+        assert any(lists), "the beam found some other translation"
+        r = client.post("/translate/stream", json={"q": q, "source": "en", "target": "pt",
+                                                   "alternatives": alternatives})
+        done = [d for e, d in parse_sse(r.text) if e == "done"]
+        assert [d["alternatives"] for d in sorted(done, key=lambda d: d["index"])] == lists
 
 
 def test_still_serving_after_bad_input(client: TestClient) -> None:
