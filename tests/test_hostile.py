@@ -12,7 +12,9 @@ import stat
 import zipfile
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
+import httpx
 import pytest
 from fastapi.testclient import TestClient
 
@@ -162,3 +164,83 @@ def test_zipped_helper_entries_stay_taken(client: TestClient) -> None:
     data = with_mode(zipped({"[Content_Types].xml": "<Types/>", "word/document.xml": PARAGRAPH}), "word/x.bin",
                      stat.S_IFREG | 0o644, b"\0")
     assert post(client, "plain.docx", data)[0] == 200
+
+
+# --- uploads without a key, with keys on -------------------------------------------------------------------------
+
+KEY = "alpha"
+
+
+@pytest.fixture(scope="module")
+def keyed(tiny_model_dir: Path) -> Iterator[TestClient]:
+    settings = server_settings(tiny_model_dir, api_keys=[KEY], max_file_bytes=12 << 20, scheduler_process=False)
+    with TestClient(create_app(settings)) as c:
+        yield c
+
+
+def send_in_chunks(client: TestClient, request: httpx.Request, chunk: int = 64 * 1024) -> tuple[int, int, int]:
+    """Send the request to the app a chunk at a time, as a socket would; (status, bytes the app read, bytes in all)."""
+    body = request.read()
+    read = 0
+    sent: list[dict[str, Any]] = []
+    scope = {"type": "http", "http_version": "1.1", "method": "POST", "scheme": "http", "path": request.url.path,
+             "raw_path": request.url.raw_path, "query_string": request.url.query, "root_path": "",
+             "headers": [(k.lower().encode(), v.encode()) for k, v in request.headers.items()],
+             "client": ("127.0.0.1", 5000), "server": ("testserver", 80)}
+
+    async def receive() -> dict[str, Any]:
+        nonlocal read
+        if read < len(body):
+            part = body[read:read + chunk]
+            read += len(part)
+            return {"type": "http.request", "body": part, "more_body": read < len(body)}
+        await asyncio.sleep(3600)  # the client waits for its answer
+        return {"type": "http.disconnect"}
+
+    async def send(message: dict[str, Any]) -> None:
+        sent.append(message)
+
+    app: Any = client.app
+
+    async def call() -> None:
+        await app(scope, receive, send)
+
+    client.portal.call(call)  # type: ignore[union-attr]
+    return next(m["status"] for m in sent if m["type"] == "http.response.start"), read, len(body)
+
+
+def big_page(size: int) -> bytes:
+    """An HTML page of `size` bytes, nearly all of them a comment: one sentence to translate."""
+    return b"<p>Open the file.</p><!--" + b"x" * size + b"-->"
+
+
+def upload_request(fields: dict[str, str], size: int, key_first: bool = False) -> httpx.Request:
+    files: list[tuple[str, Any]] = [("file", ("big.html", big_page(size)))]
+    items = [(k, (None, v)) for k, v in fields.items()]
+    return httpx.Request("POST", "http://testserver/translate_file", files=items + files if key_first
+                         else files + items)
+
+
+def test_an_upload_without_a_key_is_refused_before_it_is_read(keyed: TestClient) -> None:
+    """Before: all 10 MB were read, then 401."""
+    status, read, size = send_in_chunks(keyed, upload_request({"target": "pt"}, 10 << 20))
+    assert status == 401
+    assert read < size // 4
+
+
+def test_a_wrong_key_before_the_file_is_refused_at_once(keyed: TestClient) -> None:
+    status, read, size = send_in_chunks(keyed, upload_request({"api_key": "wrong", "target": "pt"}, 10 << 20,
+                                                               key_first=True))
+    assert status == 403
+    assert read < size // 4
+
+
+def test_keys_still_reach_an_upload_wherever_they_are(keyed: TestClient) -> None:
+    """In a field after the file (LibreTranslate's page, for files up to max_body_bytes), before it, in the
+    Authorization header or in the query string."""
+    small = {"file": ("a.txt", b"Open the file.")}
+    assert keyed.post("/translate_file", files=small, data={"target": "pt", "api_key": KEY}).status_code == 200
+    assert send_in_chunks(keyed, upload_request({"api_key": KEY, "target": "pt"}, 2 << 20, key_first=True))[0] == 200
+    assert keyed.post("/translate_file", files={"file": ("big.html", big_page(2 << 20))}, data={"target": "pt"},
+                      headers={"Authorization": f"Bearer {KEY}"}).status_code == 200
+    assert keyed.post("/translate_file", params={"api_key": KEY}, files=small, data={"target": "pt"}).status_code == 200

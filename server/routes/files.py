@@ -11,28 +11,31 @@ from __future__ import annotations
 
 import re
 import unicodedata
+from collections.abc import AsyncGenerator
 from dataclasses import dataclass
 from typing import Any
 
 from fastapi import APIRouter, Request, Response
 from starlette.concurrency import run_in_threadpool
-from starlette.datastructures import UploadFile
+from starlette.datastructures import FormData, UploadFile
+from starlette.formparsers import MultiPartException, MultiPartParser
 
 from server.deps import (
+    KEY_SCHEMES,
     DetectorDep,
     FilesDep,
     RegistryDep,
     SettingsDep,
     admit_client,
-    parse_multipart,
-    read_body,
+    bearer,
+    check_api_key,
     started,
 )
 from server.detect import MAX_CHARS, Detection, LazyDetector
 from server.documents import Format, Limits, find_format
 from server.documents.store import FileStore
 from server.documents.workers import FileWorkers
-from server.errors import EmptyText, Forbidden, InvalidRequest, NotFound, PayloadTooLarge
+from server.errors import EmptyText, Forbidden, InvalidRequest, NotFound, PayloadTooLarge, Unauthorized
 from server.glossaries import Glossary
 from server.registry import Registry
 from server.routes.glossaries import glossary_for
@@ -77,13 +80,54 @@ class Upload:
     fields: dict[str, str]  # every text field of the form (POST /documents reads DeepL's names from it)
 
 
+KEY_FIELDS = ("api_key", "auth_key")  # LibreTranslate's form field, DeepL's
+
+
+async def read_form(request: Request, settings: Settings) -> FormData:
+    """The multipart body, parsed as it arrives, within the upload's limit (413).
+
+    With API keys on, a key in the Authorization header or the query string is checked before the body is read,
+    and a key field is checked as soon as its part has arrived (LibreTranslate's page sends it after the file). A
+    body that has shown no key by `max_body_bytes` gets its 401 there: without a key, nobody makes the server read
+    10 MB."""
+    limit = settings.max_file_bytes + FORM_OVERHEAD
+    declared = request.headers.get("content-length", "")
+    if declared.isdigit() and int(declared) > limit:
+        raise PayloadTooLarge(f"request body of {declared} bytes; the limit is {limit}")
+    shown = bool(bearer(request, KEY_SCHEMES) or request.query_params.get("api_key"))
+    if shown:
+        check_api_key(request, settings, request.query_params.get("api_key"))
+
+    async def chunks() -> AsyncGenerator[bytes, None]:
+        nonlocal shown
+        size = 0
+        async for chunk in request.stream():
+            size += len(chunk)
+            if size > limit:
+                raise PayloadTooLarge(f"request body over the limit of {limit} bytes")
+            if settings.api_keys and not shown:
+                key = next((v for k, v in parser.items if k in KEY_FIELDS and isinstance(v, str) and v), None)
+                if key is not None:
+                    shown = bool(check_api_key(request, settings, key))
+                elif size > settings.max_body_bytes:
+                    raise Unauthorized("an API key is required: in the Authorization header, or in an api_key "
+                                       "field before the file")
+            yield chunk
+
+    parser = MultiPartParser(request.headers, chunks())
+    try:
+        form: FormData = await parser.parse()
+    except MultiPartException as exc:
+        raise InvalidRequest(f"malformed multipart body: {exc.message}") from exc
+    return form
+
+
 async def read_upload(request: Request, settings: Settings) -> Upload:
     """The multipart form as LibreTranslate's page sends it: `file`, `source`, `target`, `api_key` (and `filename`,
     DeepL's name for the file when its part has none)."""
     if not request.headers.get("content-type", "").startswith("multipart/form-data"):
         raise InvalidRequest("send the file as multipart/form-data, in a field named file")
-    body = await read_body(request, settings.max_file_bytes + FORM_OVERHEAD)
-    form = await parse_multipart(request, body)
+    form = await read_form(request, settings)
     try:
         upload = form.get("file")
         if not isinstance(upload, UploadFile):
@@ -100,7 +144,7 @@ async def read_upload(request: Request, settings: Settings) -> Upload:
     if not data:
         raise EmptyText(f"{filename} is empty; there is nothing to translate")
     return Upload(filename, data, fields.get("source") or "auto", fields.get("target") or None,
-                  fields.get("api_key") or None, fields)
+                  fields.get("api_key") or request.query_params.get("api_key") or None, fields)
 
 
 async def detect_source(detector: LazyDetector, sample: str) -> Detection:
