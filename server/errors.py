@@ -7,6 +7,7 @@ response or as an SSE `error` event. Stack traces never leave the server.
 from __future__ import annotations
 
 import logging
+import re
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -19,14 +20,18 @@ from starlette.exceptions import HTTPException
 from starlette.routing import Match
 
 log = logging.getLogger(__name__)
+# A run of characters without a space this long is a client's value (a 10,000-character "language"), not words
+_RUN = re.compile(r"\S{81,}")
 
 
 class TolkError(Exception):
-    """Base of the errors a client may see; `error_type` is a stable machine-readable name."""
+    """Base of the errors a client may see; `error_type` is a stable machine-readable name. A message never echoes
+    a value at length: a run of more than 80 characters without a space is cut to its first 40."""
 
     error_type = "error"
 
     def __init__(self, message: str) -> None:
+        message = _RUN.sub(lambda m: f"{m.group()[:40]}... ({len(m.group())} characters)", message)
         super().__init__(message)
         self.message = message
 

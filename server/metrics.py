@@ -115,7 +115,10 @@ class SchedulerStats:
 
 
 class MetricsMiddleware:
-    """Counts every HTTP request by route template and status, and times it until its last byte is sent."""
+    """Counts every HTTP request by route template and status, and times it until its last byte is sent.
+
+    A response the client left before its last byte (a stream reset mid-way) counts as 499, nginx's status for a
+    request the client closed: its 200 went out with the headers, but the client never had the answer."""
 
     def __init__(self, app: ASGIApp, metrics: Metrics) -> None:
         self.app = app
@@ -127,16 +130,27 @@ class MetricsMiddleware:
             return
         start = time.perf_counter()
         status = 500
+        left = ended = False  # the client went away; the response's last byte was sent
 
-        async def send_status(message: Message) -> None:
-            nonlocal status
+        async def watch(message: Message) -> None:
+            nonlocal status, ended
             if message["type"] == "http.response.start":
                 status = message["status"]
+            elif message["type"] == "http.response.body" and not message.get("more_body", False):
+                ended = True
             await send(message)
 
+        async def listen() -> Message:
+            nonlocal left
+            message = await receive()
+            left = left or message["type"] == "http.disconnect"
+            return message
+
         try:
-            await self.app(scope, receive, send_status)
+            await self.app(scope, listen, watch)
         finally:
+            if left and not ended:
+                status = 499
             route = scope.get("route")
             path = getattr(route, "path", "other")  # the template, never the raw path: bounded cardinality
             self.metrics.requests.labels(route=path, status=str(status)).inc()
