@@ -20,7 +20,8 @@ from server import inline, projection
 from server.errors import ShuttingDown
 from server.glossaries import Glossary
 from server.jobs import Job
-from server.placeholders import Masked, clean, find, mask, unmask
+from server.masks import Masked, mask, unmask
+from server.placeholders import clean, find
 from server.stream import Piece, TextStream
 from server.text import Part, Sentence, fit, split_html, split_sentences, split_text
 

@@ -18,7 +18,7 @@ from html import escape
 
 from model.tokenizer import Tokenizer, source_positions
 from server.inline import Marked
-from server.placeholders import Masked, unmask
+from server.masks import Masked, unmask
 
 _LEADING = "([{\"'\u00ab\u201c\u2018\u00bf\u00a1"  # punctuation kept outside an element that starts at a word
 _TRAILING = ".,;:!?)]}\"'\u00bb\u201d\u2019\u2026"

@@ -18,6 +18,7 @@ from fastapi.testclient import TestClient
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from server import masks
 from server import placeholders as ph
 from server.app import create_app
 from tests.test_server_api import parse_sse, server_settings
@@ -79,13 +80,13 @@ ADVERSARIAL = [
 
 
 @pytest.mark.parametrize("source", ADVERSARIAL + list(KINDS.values()))
-@pytest.mark.parametrize("style", ph.STYLES, ids=[s.name for s in ph.STYLES])
-def test_round_trip(source: str, style: ph.MaskStyle) -> None:
-    masked = ph.mask(source, style)
-    if style is ph.LETTER:  # "X2" glued to a word ("SaveX2") is not found again: repaired, not round-tripped
-        assert kept(source, ph.unmask(masked, masked.text))
+@pytest.mark.parametrize("style", masks.STYLES, ids=[s.name for s in masks.STYLES])
+def test_round_trip(source: str, style: masks.MaskStyle) -> None:
+    masked = masks.mask(source, style)
+    if style is masks.LETTER:  # "X2" glued to a word ("SaveX2") is not found again: repaired, not round-tripped
+        assert kept(source, masks.unmask(masked, masked.text))
     else:
-        assert ph.unmask(masked, masked.text) == source
+        assert masks.unmask(masked, masked.text) == source
     assert all(shown in masked.text for shown in masked.masks)
     numbered = [n for n in masked.numbers if n]
     assert len(set(numbered)) == len(numbered)
@@ -95,31 +96,31 @@ def test_round_trip(source: str, style: ph.MaskStyle) -> None:
 @pytest.mark.parametrize("translation", ["", "um dois três", "{1} {1} {1}", "{99} X", "{ 2 }{2}", "%1$s"])
 @pytest.mark.parametrize("repair", ["aligned", "end"])
 def test_unmask_keeps_each_placeholder_once(source: str, translation: str, repair: str) -> None:
-    out = ph.unmask(ph.mask(source), translation, repair)
+    out = masks.unmask(masks.mask(source), translation, repair)
     assert kept(source, out), (source, translation, out)
 
 
 def test_dropped_placeholder_goes_back_near_its_place() -> None:
-    masked = ph.mask("Could not open %s because of an error")
-    out = ph.unmask(masked, "Não foi possível abrir porque ocorreu um erro")  # by relative position: a word off
+    masked = masks.mask("Could not open %s because of an error")
+    out = masks.unmask(masked, "Não foi possível abrir porque ocorreu um erro")  # by relative position: a word off
     assert out == "Não foi possível %s abrir porque ocorreu um erro"
-    assert ph.unmask(masked, "Não foi possível abrir porque ocorreu um erro", "end").endswith("erro %s")
-    assert ph.unmask(ph.mask("%s copied"), "copiado") == "%s copiado"
-    assert ph.unmask(ph.mask("Copied: %s"), "Copiado:") == "Copiado: %s"
+    assert masks.unmask(masked, "Não foi possível abrir porque ocorreu um erro", "end").endswith("erro %s")
+    assert masks.unmask(masks.mask("%s copied"), "copiado") == "%s copiado"
+    assert masks.unmask(masks.mask("Copied: %s"), "Copiado:") == "Copiado: %s"
 
 
 def test_damaged_copy_is_mended_not_doubled() -> None:
-    assert ph.unmask(ph.mask("Hello %(name)s, bye"), "Olá %(name), tchau") == "Olá %(name)s, tchau"
-    assert ph.unmask(ph.mask("Saved.<x2/>Close it."), "Salvo.<x2/Feche.") == "Salvo.<x2/>Feche."
-    assert ph.unmask(ph.mask("Open %s now"), "Abrir % agora").count("%s") == 1  # too short to tell: inserted
+    assert masks.unmask(masks.mask("Hello %(name)s, bye"), "Olá %(name), tchau") == "Olá %(name)s, tchau"
+    assert masks.unmask(masks.mask("Saved.<x2/>Close it."), "Salvo.<x2/Feche.") == "Salvo.<x2/>Feche."
+    assert masks.unmask(masks.mask("Open %s now"), "Abrir % agora").count("%s") == 1  # too short to tell: inserted
 
 
 def test_order_bound_conversions_keep_source_order() -> None:
     source = "%s of %d and %1$s of %2$s"
-    masked = ph.mask(source, ph.BRACES)
+    masked = masks.mask(source, masks.BRACES)
     assert masked.text == "{1} of {2} and {3} of {4}"
-    assert ph.unmask(masked, "{4} de {3}, {2} de {1}") == "%2$s de %1$s, %s de %d"
-    assert ph.unmask(ph.mask(source), "%2$s de %1$s, %d de %s") == "%2$s de %1$s, %s de %d"
+    assert masks.unmask(masked, "{4} de {3}, {2} de {1}") == "%2$s de %1$s, %s de %d"
+    assert masks.unmask(masks.mask(source), "%2$s de %1$s, %d de %s") == "%2$s de %1$s, %s de %d"
 
 
 def exact(source: str, out: str) -> bool:
@@ -139,24 +140,27 @@ INVENTED = [  # (source, what the model wrote, what the user gets)
     ("Open the file", "Abrir o {arquivo} %s", "Abrir o"),
     ("Tom & Jerry", "Tom &amp; Jerry", "Tom & Jerry"),
     ("Save the file", "<b>Salvar</b> o arquivo", "Salvar o arquivo"),
+    ("Click <b0></b0> to save", "Clique <b0> para</b0> salvar", "Clique <b0></b0> para salvar"),  # Immersive's marks
 ]
 
 
 @pytest.mark.parametrize(("source", "wrote", "gets"), INVENTED)
 def test_a_placeholder_the_source_lacks_is_never_answered(source: str, wrote: str, gets: str) -> None:
-    masked = ph.mask(source)
+    masked = masks.mask(source)
     assert masked.text == source  # the kinds the model copies are shown as they are
-    assert ph.unmask(masked, wrote) == gets
+    assert masks.unmask(masked, wrote) == gets
     assert exact(source, gets)
 
 
-def test_usage_tokens_are_masked_and_never_duplicated() -> None:
+def test_usage_tokens_are_kept_and_never_duplicated() -> None:
     source = "{ $commandName } <nick> <message>: Send a private message [<channel>] to <new mode>"
-    masked = ph.mask(source)
+    masked = masks.mask(source)
     assert [p.kind for p in masked.placeholders] == ["fluent", "usage", "usage", "usage", "usage"]
-    assert masked.text == "{ $commandName } {1} {2}: Send a private message [{3}] to {4}"
-    out = ph.unmask(masked, "{ $commandName } <usuário> {1} <mensagem>: {2} Envia uma mensagem privada [{3}] a {4}")
-    assert out == "{ $commandName } <nick>: <message> Envia uma mensagem privada [<channel>] a <new mode>"
+    wrote = "{ $commandName } <usuário> <nick> <mensagem>: <message> Envia uma mensagem privada [<canal>] a <new mode>"
+    assert masks.unmask(masked, wrote) == (
+        "{ $commandName } <nick>: <message> Envia uma mensagem privada [<channel>] a <new mode>")
+    translated = masks.unmask(masked, "{ $commandName } <apelido> <mensagem>: Envia [<canal>] a <novo modo>")
+    assert translated == "{ $commandName } <nick> <message>: Envia [<channel>] a <new mode>"
     assert [p.kind for p in ph.find("Press <b>Save</b> or <br> and <kbd>Ctrl</kbd>, <p>Done")] == ["tag"] * 6
 
 
@@ -177,7 +181,7 @@ def model_outputs(draw: st.DrawFn) -> tuple[str, str]:
     words = draw(st.lists(st.sampled_from(["Open", "the", "file", "in", "folder", "now", "Save", "as"]),
                           min_size=len(kinds) + 1, max_size=len(kinds) + 1))
     source = " ".join(w for pair in zip(words, [*kinds, ""], strict=True) for w in pair if w).strip()
-    masked = ph.mask(source)
+    masked = masks.mask(source)
     pool = [*masked.masks, *INVENTIONS, *WORDS, *(m[:-1] for m in masked.masks if len(m) > 2)]
     out = draw(st.lists(st.sampled_from(pool), max_size=12))
     return source, draw(st.sampled_from([" ", ""])).join(out)
@@ -188,7 +192,7 @@ def model_outputs(draw: st.DrawFn) -> tuple[str, str]:
 def test_whatever_the_model_writes_the_placeholders_are_the_sources(case: tuple[str, str]) -> None:
     source, wrote = case
     for repair in ("aligned", "end"):
-        out = ph.unmask(ph.mask(source), wrote, repair)
+        out = masks.unmask(masks.mask(source), wrote, repair)
         assert exact(source, out), (source, wrote, out)
 
 
