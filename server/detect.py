@@ -25,6 +25,7 @@ MAX_CHARS = 2000
 # as well as when detection was restricted to them, and sentences in others as themselves (docs/benchmarks.md,
 # "Language detection over every language").
 PRIOR = 20.0
+NO_LANGUAGE = "zxx"  # py3langid's label for a text without linguistic content (numbers, codes)
 # A served code whose base is not py3langid's name for the language.
 ALIASES = {"nb": "no", "iw": "he", "in": "id", "fil": "tl", "zt": "zh", "pb": "pt"}
 
@@ -63,10 +64,13 @@ class Detector:
         # Spaces around the text: the model's n-grams include word boundaries, which a lone word ("Save") lacks
         # (docs/benchmarks.md, "Language detection").
         ranked = self._identifier.rank(f" {text[:MAX_CHARS]} ")
-        weighted = {self._codes.get(label, label): float(p) * (self.prior if label in self._codes else 1.0)
-                    for label, p in ranked}
+        weighted = {label: float(p) * (self.prior if label in self._codes else 1.0) for label, p in ranked}
+        if max(weighted, key=weighted.__getitem__) == NO_LANGUAGE and self._codes:
+            # no words to tell a language by ("12345", "v2.0"): the likeliest of the served ones, not a refusal
+            weighted = {label: p for label, p in weighted.items() if label in self._codes}
+        weighted.pop(NO_LANGUAGE, None)
         total = sum(weighted.values()) or 1.0
-        return {code: p / total for code, p in weighted.items()}
+        return {self._codes.get(label, label): p / total for label, p in weighted.items()}
 
     def detect(self, text: str, limit: int = 3) -> list[Detection]:
         """The likeliest languages of one text, best first (at least one; none below 0.1)."""

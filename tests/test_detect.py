@@ -248,6 +248,14 @@ def test_a_language_no_model_serves_is_named_never_translated(en_pt: TestClient,
     assert detect(en_pt, text)[0]["language"] == language
 
 
+def test_a_text_without_words_goes_to_a_served_language(en_pt: TestClient) -> None:
+    """Numbers and codes (py3langid's "zxx", no linguistic content) are never refused as an unserved language."""
+    texts = ["12345", "v2.0.1", " ".join(f"Open file {4}{i}." for i in range(120))]
+    out = translate(en_pt, texts, source="auto", target="pt")
+    assert [d["language"] for d in out["detectedLanguage"]] == ["en"] * 3
+    assert "zxx" not in [d["language"] for d in detect(en_pt, "12345")]
+
+
 def test_english_and_portuguese_detect_and_translate_as_before(en_pt: TestClient) -> None:
     for text, source, target in ((EN, "en", "pt"), (PT, "pt", "en")):
         named = translate(en_pt, text, source=source, target=target)["translatedText"]
