@@ -7,6 +7,7 @@ keeps the newlines, indentation and markup of the original.
 
 from __future__ import annotations
 
+import html
 import re
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -105,15 +106,37 @@ def fit(sentence: str, too_long: Callable[[str], bool]) -> list[Part]:
 
 
 class _Segmenter(HTMLParser):
-    """Splits HTML into markup (kept verbatim) and text nodes (translated); script and style stay markup."""
+    """Splits HTML into markup (kept verbatim) and text nodes (translated); script and style stay markup.
+
+    Character references are unescaped into the text; a named one that HTML does not define (`&xxe;`) is kept as
+    markup, as it was written, so that it comes back as it went rather than escaped (`&amp;xxe;`)."""
 
     RAW = {"script", "style"}
 
-    def __init__(self) -> None:
-        super().__init__(convert_charrefs=True)
+    def __init__(self, document: str) -> None:
+        super().__init__(convert_charrefs=False)
         self.parts: list[tuple[bool, str]] = []  # (is_text, content); text is unescaped
         self._raw_depth = 0
         self._end_start = -1
+        self._document = document
+        self._lines = [0, *(m.end() for m in re.finditer("\n", document))]  # where each line starts
+
+    def _reference(self, name: str) -> str:
+        """The reference being handled as written: "&" name, and its ";" if it has one."""
+        line, column = self.getpos()
+        end = self._lines[line - 1] + column + len(name) + 1
+        return self._document[end - len(name) - 1:end] + (";" if self._document[end:end + 1] == ";" else "")
+
+    def handle_entityref(self, name: str) -> None:
+        raw = self._reference(name)
+        value = html.unescape(raw)
+        if value == raw and raw.endswith(";"):
+            self.parts.append((False, raw))
+        else:
+            self._text(value)
+
+    def handle_charref(self, name: str) -> None:
+        self._text(html.unescape(self._reference("#" + name)))
 
     def _markup(self) -> None:
         self.parts.append((False, self.get_starttag_text() or ""))
@@ -139,11 +162,16 @@ class _Segmenter(HTMLParser):
         self._raw_depth -= tag in self.RAW and self._raw_depth > 0
 
     def handle_data(self, data: str) -> None:
-        is_text = self._raw_depth == 0
-        if is_text and self.parts and self.parts[-1][0]:  # a stray "<" comes as data of its own: one text node
-            self.parts[-1] = (True, self.parts[-1][1] + data)
+        if self._raw_depth:  # script and style, as written
+            self.parts.append((False, data))
+        else:  # (a reference the document ends in, "&amp", is not one the parser reports)
+            self._text(html.unescape(data))
+
+    def _text(self, text: str) -> None:
+        if self.parts and self.parts[-1][0]:  # a stray "<" comes as data of its own: one text node
+            self.parts[-1] = (True, self.parts[-1][1] + text)
         else:
-            self.parts.append((is_text, data))
+            self.parts.append((True, text))
 
     def handle_comment(self, data: str) -> None:
         self.parts.append((False, f"<!--{data}-->"))
@@ -160,7 +188,7 @@ class _Segmenter(HTMLParser):
 
 def split_html(document: str) -> list[tuple[bool, str]]:
     """HTML as (is_text, content) segments; text segments are unescaped, markup is verbatim."""
-    parser = _Segmenter()
+    parser = _Segmenter(document)
     parser.feed(document)
     parser.close()
     return parser.parts

@@ -315,3 +315,11 @@ def test_a_stream_ends_as_the_answer_when_the_model_invents_a_placeholder(tiny_m
     assert sent == "Abrir o"  # held from the first sign, and the space before it
     pieces += stream.finish(0, best)
     assert "".join(p.text for p in pieces) == answer
+
+
+def test_an_entity_html_does_not_define_comes_back_as_written(client: TestClient) -> None:
+    """`&xxe;` (from an internal DTD the server refuses, or a typo) stays as written; no entity is invented."""
+    out = translate(client, "<p>Open &xxe; the file &amp; save it.</p>", "html")
+    assert isinstance(out, str) and out.startswith("<p>") and out.endswith("</p>")
+    assert out.count("&xxe;") == 1 and "&amp;xxe;" not in out
+    assert re.findall(r"&\w+;", out).count("&xxe;") == 1 and set(re.findall(r"&\w+;", out)) <= {"&xxe;", "&amp;"}
