@@ -47,6 +47,8 @@ RECIPES: list[tuple[tuple[str, ...], str, str, str, str]] = [
      "compile the CPU kernels ahead for these models on this machine: servers then run them without numba"),
     (("extend-source-vocab",), "model.source_vocab", "add_arguments", "main",
      "copy a model directory with its source vocabulary extended by whole words of the source language (MODEL OUT)"),
+    (("translate-dataset",), "server.datasets.command", "add_arguments", "main",
+     "translate a column of a Parquet, JSON Lines or CSV dataset, here or on a Ray cluster; resumable (docs/bulk.md)"),
     (("pull",), "model.pull", "add_arguments", "main",
      "download and import a Hugging Face Marian / OPUS-MT checkpoint (e.g. Helsinki-NLP/opus-mt-en-de) or an Argos "
      "package (argos:FROM-TO)"),
