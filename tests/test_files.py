@@ -335,6 +335,18 @@ def test_srt_keeps_numbers_and_timings(client: TestClient) -> None:
     assert out.endswith("\n") and not out.endswith("\n\n")
 
 
+def test_a_malformed_cue_is_refused_naming_its_line_and_a_missing_blank_line_forgiven(client: TestClient) -> None:
+    bad = SRT.replace("00:00:05,000 --> 00:00:07,500", "00:00:05,000 -> 00:00:07,500")
+    r = client.post("/translate_file", files={"file": ("film.srt", bad.encode())}, data={"target": "pt"})
+    assert (r.status_code, r.json()["error_type"]) == (400, "invalid_document")
+    assert "block at line 6 has no timing line" in r.json()["error"] and "00:00:05,000 -> 00:00:07,500" in r.json()[
+        "error"]
+    glued = SRT.replace("window.\n\n2\n", "window.\n2\n")  # the blank line before cue 2 missing
+    out = translate_file(client, "film.srt", glued.encode(), "application/x-subrip; charset=utf-8").decode()
+    assert "\n2\n00:00:05,000 --> 00:00:07,500\n" in out
+    assert out.split("00:00:05,000 --> 00:00:07,500\n")[1].startswith(translate(client, "- Save changes.\n- Click here."))
+
+
 def test_vtt_keeps_header_notes_settings_and_tags(client: TestClient) -> None:
     vtt = ("WEBVTT - a film\r\n\r\nNOTE Save this note.\r\n\r\nintro\r\n00:01.000 --> 00:04.000 align:start "
            "line:0\r\n<v Bob>Open the file &amp; save.</v>\r\n\r\n00:05.000 --> 00:06.000\r\nClick here.\r\n")

@@ -59,19 +59,44 @@ def _ending(line: str) -> str:
     return line[len(line.rstrip("\r\n")):]
 
 
-def _cues(lines: list[str]) -> list[list[int]]:
-    """The text lines of each cue: the lines after a timing line, to the end of its block."""
+_TIMING = re.compile(r"^\s*(?:\d+:)?\d+:\d+[,.]\d+\s*-->\s*(?:\d+:)?\d+:\d+[,.]\d+")
+_VTT_BLOCKS = ("WEBVTT", "NOTE", "STYLE", "REGION")  # WebVTT blocks that are no cue
+
+
+def _cues(lines: list[str], name: str, vtt: bool) -> list[list[int]]:
+    """The text lines of each cue: the lines after a timing line, to the end of its block or the next cue's number
+    and timing line (a blank line the file lacks). A block of text with no timing line is refused, naming its line:
+    its text would otherwise stay untranslated, unseen."""
     cues: list[list[int]] = []
     timed = False
     for i, line in enumerate(lines):
         if not line.strip():
             timed = False
-        elif timed:
-            cues[-1].append(i)
-        elif "-->" in line:
+        elif _TIMING.match(line) or (not timed and "-->" in line):
+            if timed and cues[-1] and cues[-1][-1] == i - 1 and lines[i - 1].strip().isdigit():
+                cues[-1].pop()  # the next cue's number, before its timing line
             timed = True
             cues.append([])
+        elif timed:
+            cues[-1].append(i)
+        elif (i == 0 or not lines[i - 1].strip()) and not _ignorable(lines, i, vtt):
+            shown = " / ".join(line.strip()[:40] for line in lines[i:i + 2] if line.strip())
+            raise InvalidDocument(f"{name}: the block at line {i + 1} has no timing line (start --> end), so its "
+                                  f"text would not be translated: {shown!r}")
     return cues
+
+
+def _ignorable(lines: list[str], i: int, vtt: bool) -> bool:
+    """Whether the block that starts at line i holds no text to translate: a cue's number or identifier before its
+    timing line, or WebVTT's header, notes, styles and regions."""
+    block = []
+    for line in lines[i:]:
+        if not line.strip():
+            break
+        block.append(line.strip().lstrip("\ufeff"))
+    if any("-->" in line for line in block[1:2]):
+        return True  # a number or identifier, then the timing line
+    return vtt and block[0].split(" ")[0].split("\t")[0] in _VTT_BLOCKS
 
 
 def read_subtitles(data: bytes, name: str, vtt: bool) -> Document:
@@ -79,7 +104,7 @@ def read_subtitles(data: bytes, name: str, vtt: bool) -> Document:
     if vtt and not text.lstrip("\ufeff").startswith("WEBVTT"):
         raise InvalidDocument(f"{name} is not WebVTT: it does not start with WEBVTT")
     lines = text.splitlines(keepends=True)
-    found = _cues(lines)
+    found = _cues(lines, name, vtt)
     if not found:
         raise InvalidDocument(f"{name} holds no subtitle cue (no timing line with -->)")
     cues: list[Cue] = []
