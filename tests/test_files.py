@@ -339,12 +339,13 @@ def test_a_malformed_cue_is_refused_naming_its_line_and_a_missing_blank_line_for
     bad = SRT.replace("00:00:05,000 --> 00:00:07,500", "00:00:05,000 -> 00:00:07,500")
     r = client.post("/translate_file", files={"file": ("film.srt", bad.encode())}, data={"target": "pt"})
     assert (r.status_code, r.json()["error_type"]) == (400, "invalid_document")
-    assert "block at line 6 has no timing line" in r.json()["error"] and "00:00:05,000 -> 00:00:07,500" in r.json()[
-        "error"]
+    message = r.json()["error"]
+    assert "block at line 6 has no timing line" in message and "00:00:05,000 -> 00:00:07,500" in message
     glued = SRT.replace("window.\n\n2\n", "window.\n2\n")  # the blank line before cue 2 missing
     out = translate_file(client, "film.srt", glued.encode(), "application/x-subrip; charset=utf-8").decode()
     assert "\n2\n00:00:05,000 --> 00:00:07,500\n" in out
-    assert out.split("00:00:05,000 --> 00:00:07,500\n")[1].startswith(translate(client, "- Save changes.\n- Click here."))
+    dialogue = translate(client, "- Save changes.\n- Click here.")
+    assert out.split("00:00:05,000 --> 00:00:07,500\n")[1].startswith(dialogue)
 
 
 def test_vtt_keeps_header_notes_settings_and_tags(client: TestClient) -> None:
