@@ -120,3 +120,17 @@ def test_usage_outlives_a_restart_and_counts_each_key(tiny_model_dir: Path, tmp_
         two = c.get("/v2/usage", headers={"Authorization": "DeepL-Auth-Key two"}).json()
     assert one["character_count"] == sum(map(len, texts))
     assert two["character_count"] == sum(map(len, texts)) + len("Save.")
+
+
+def test_documents_count_towards_their_keys_usage(tiny_model_dir: Path, tmp_path: Path) -> None:
+    """/translate_file, /documents and /v2/document charge the characters of the document's texts, once."""
+    settings = server_settings(tiny_model_dir, scheduler_process=False, api_keys=["one"], data_dir=tmp_path)
+    text = "Open the file.\nSave it."
+    auth = {"Authorization": "DeepL-Auth-Key one"}
+    with TestClient(create_app(settings)) as c:
+        r = c.post("/translate_file", files={"file": ("a.txt", text.encode())}, data={"target": "pt", "api_key": "one"})
+        assert r.status_code == 200, r.text
+        assert c.get("/v2/usage", headers=auth).json()["character_count"] == len(text)
+        r = c.post("/v2/document", files={"file": ("a.txt", text.encode())}, data={"target_lang": "PT"}, headers=auth)
+        assert r.status_code == 200, r.text
+        assert c.get("/v2/usage", headers=auth).json()["character_count"] == 2 * len(text)

@@ -58,9 +58,10 @@ def test_one_text_a_list_auto_source_and_regional_targets(sdk: deepl.DeepLClient
     assert one.billed_characters == len(TEXTS[0])
     many = sdk.translate_text(TEXTS, source_lang="EN", target_lang="PT-PT")
     assert [r.text for r in many] == libre(url, TEXTS) and [r.billed_characters for r in many] == list(map(len, TEXTS))
-    back = sdk.translate_text(TEXTS[0], target_lang="EN-US")  # the only model into English reads Portuguese
+    same = sdk.translate_text(TEXTS[0], target_lang="EN-US")  # English into English comes back as it is
+    assert same.text == TEXTS[0] and same.detected_source_lang == "EN"
+    back = sdk.translate_text(TEXTS[0], source_lang="PT", target_lang="EN-GB")  # named: the pt -> en model reads it
     assert back.text == libre(url, TEXTS[0], "pt", "en") and back.detected_source_lang == "PT"
-    assert sdk.translate_text(TEXTS[0], source_lang="PT", target_lang="EN-GB").text == back.text
 
 
 def test_languages_and_glossary_pairs(sdk: deepl.DeepLClient) -> None:

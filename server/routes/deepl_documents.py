@@ -10,8 +10,7 @@ from __future__ import annotations
 from fastapi import APIRouter, Request, Response
 
 from server.deepl import deepl_errors
-from server.deps import DetectorDep, RegistryDep, SettingsDep, check_api_key, usage_of
-from server.glossaries import owner_of
+from server.deps import DetectorDep, RegistryDep, SettingsDep, check_api_key
 from server.routes import documents
 
 router = APIRouter(tags=["DeepL"])
@@ -24,13 +23,8 @@ async def upload(request: Request, registry: RegistryDep, detector: DetectorDep,
                  settings: SettingsDep) -> documents.DocumentHandle:
     """Upload a document to translate (multipart: `file`, `target_lang`, `source_lang`, `glossary_id`); the key
     travels in the Authorization header, as DeepL's clients send it."""
-    key = check_api_key(request, settings, None)  # refused before the upload is read
-    usage, owner = usage_of(request), owner_of(key)
-    usage.check(owner)
-    handle = await documents.upload_document(request, registry, detector, settings)
-    jobs = await documents.get_documents(request)
-    usage.add(owner, jobs.find(handle.document_id, handle.document_key, key).characters)
-    return handle
+    check_api_key(request, settings, None)  # refused before the upload is read
+    return await documents.upload_document(request, registry, detector, settings)  # (which counts its usage)
 
 
 router.add_api_route("/v2/document/{document_id}", documents.document_status, methods=["POST"],

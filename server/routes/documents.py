@@ -35,6 +35,7 @@ from server.deps import (
     get_settings,
     parse_request,
     started,
+    usage_of,
 )
 from server.documents.store import FileStore
 from server.documents.workers import FileWorkers
@@ -47,6 +48,7 @@ from server.errors import (
     ShuttingDown,
     TolkError,
 )
+from server.glossaries import owner_of
 from server.plan import TextDone
 from server.routes.files import (
     PreparedFile,
@@ -287,12 +289,15 @@ async def upload_document(request: Request, registry: RegistryDep, detector: Det
         upload = await read_upload(request, settings)
         owner = check_api_key(request, settings, upload.api_key)
         admit_client(request, settings, upload.api_key)
+        usage = usage_of(request)
+        usage.check(owner_of(owner))
         upload.source = _language(upload.fields, "source_lang", "source") or "auto"
         upload.target = _language(upload.fields, "target_lang", "target")
         glossary = await upload_glossary(request, settings, upload)
         workers = file_workers(request)
         prepared = await prepare_file(upload, registry, detector, settings, workers, glossary)
         job = jobs.submit(prepared, owner, workers)
+    usage.add(owner_of(owner), prepared.characters)  # counted once accepted, as DeepL counts a document
     return DocumentHandle(document_id=job.id, document_key=job.key)
 
 

@@ -30,13 +30,14 @@ from server.deps import (
     bearer,
     check_api_key,
     started,
+    usage_of,
 )
 from server.detect import MAX_CHARS, Detection, LazyDetector
 from server.documents import Format, Limits, find_format
 from server.documents.store import FileStore
 from server.documents.workers import FileWorkers
 from server.errors import EmptyText, Forbidden, InvalidRequest, NotFound, PayloadTooLarge, Unauthorized
-from server.glossaries import Glossary
+from server.glossaries import Glossary, owner_of
 from server.registry import Registry
 from server.routes.glossaries import glossary_for
 from server.routes.translate import unless_disconnected
@@ -248,11 +249,13 @@ async def translate_file(request: Request, registry: RegistryDep, detector: Dete
     if not settings.files:
         raise Forbidden("Files translation are disabled on this server.")
     upload = await read_upload(request, settings)
-    admit_client(request, settings, upload.api_key)
+    usage, owner = usage_of(request), owner_of(admit_client(request, settings, upload.api_key))
+    usage.check(owner)
     glossary = await upload_glossary(request, settings, upload)
     workers = file_workers(request)
     prepared = await prepare_file(upload, registry, detector, settings, workers, glossary)
     translation = await start_translation(prepared)
+    usage.add(owner, prepared.characters)  # a document counts as its texts would through /translate
     try:
         results = await unless_disconnected(request, translation.results())
     finally:
