@@ -257,7 +257,9 @@ def install_handlers(app: FastAPI) -> None:
 
     @app.exception_handler(Exception)
     async def on_unexpected(request: Request, exc: Exception) -> JSONResponse:
-        log.exception("unhandled error on %s %s", request.method, request.url.path)
+        # the route's template, not the path: a download's path is its link, which is all it takes to fetch the file
+        route = request.scope.get("route")
+        log.exception("unhandled error on %s %s", request.method, getattr(route, "path", "(no route)"))
         return error_response(request, EngineFailure("internal server error"))
 
 
