@@ -1,0 +1,296 @@
+"""`tolk translate-dataset` in one process: each format's output is `tolk translate`'s, line by line, in the same
+precision, with every other column and the row order kept; a job SIGKILLed mid-way and run again gives the output
+of an uninterrupted one; changed arguments or input are refused, and bad input named."""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import io
+import json
+import os
+import random
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.csv as pcsv
+import pyarrow.parquet as pq
+import pytest
+import redis
+
+from server import cli
+from server.datasets.formats import read_part
+from tests.test_cache import post
+from tests.test_server_api import metric
+from tests.test_server_batching import app_client
+from tests.test_shared_cache import HIT, redis_url  # noqa: F401 (its fixture, used by name)
+from tests.tiny import WORDS, corpus_lines
+
+ROWS = 2000
+FORMATS = ("parquet", "jsonl", "csv")
+EXT = {"parquet": "parquet", "jsonl": "jsonl", "csv": "csv"}
+TOLK = [sys.executable, "-c", "import sys; from server.cli import main; sys.exit(main(sys.argv[1:]))"]
+
+
+def make_rows(n: int = ROWS, seed: int = 3) -> list[dict[str, Any]]:
+    """Rows of mixed lengths: repeats, null, empty and blank cells, several sentences, line breaks, placeholders,
+    a sentence longer than the model takes, a NUL (refused as the server refuses it), and columns that are not
+    text."""
+    rng = random.Random(seed)
+    base = corpus_lines(120, seed=11)
+    rows = []
+    for i in range(n):
+        r = rng.random()
+        if r < 0.05:
+            text: str | None = None
+        elif r < 0.09:
+            text = ""
+        elif r < 0.11:
+            text = "  "
+        elif r < 0.35:
+            text = base[rng.randrange(15)]  # the same few sentences, again and again
+        elif r < 0.45:
+            text = " ".join(rng.sample(base, rng.randint(2, 5)))
+        elif r < 0.52:
+            text = "\n".join(rng.sample(base, 3))
+        elif r < 0.54:
+            text = " ".join(rng.choice(WORDS) for _ in range(rng.randint(150, 300)))  # cut to fit 128 positions
+        elif r < 0.56:
+            text = f"Save {{0}} to %s before closing {rng.choice(base)}"
+        elif r < 0.57:
+            text = "Open the\x00file."
+        else:
+            text = rng.choice(base)
+        rows.append({"id": i, "text": text, "score": round(rng.random(), 6), "flag": rng.random() < 0.5,
+                     "tags": [rng.choice("abc") for _ in range(rng.randint(0, 2))]})
+    return rows
+
+
+def write_input(rows: list[dict[str, Any]], fmt: str, path: Path) -> Path:
+    """The rows as a file of the format (CSV without the list column, which CSV cannot hold)."""
+    if fmt == "parquet":
+        pq.write_table(pa.Table.from_pylist(rows), path, row_group_size=700)  # groups across blocks
+    elif fmt == "jsonl":
+        with open(path, "w") as f:
+            for row in rows:
+                f.write(json.dumps(row, ensure_ascii=False) + "\n")
+    else:
+        pcsv.write_csv(pa.Table.from_pylist([{k: v for k, v in r.items() if k != "tags"} for r in rows]), path)
+    return path
+
+
+def read_output(fmt: str, path: Path) -> list[dict[str, Any]]:
+    """An output file's rows, read by pyarrow or json alone (CSV: a cell empty without quotes is null)."""
+    if fmt == "parquet":
+        return pq.read_table(path).to_pylist()  # type: ignore[no-any-return]
+    if fmt == "jsonl":
+        return [json.loads(line) for line in path.read_text().splitlines()]
+    table = pcsv.read_csv(path, parse_options=pcsv.ParseOptions(newlines_in_values=True),
+                          convert_options=pcsv.ConvertOptions(strings_can_be_null=True,
+                                                              quoted_strings_can_be_null=False))
+    return table.to_pylist()  # type: ignore[no-any-return]
+
+
+@functools.cache
+def reference(model: Path, rows: int = ROWS) -> tuple[str, ...]:
+    """`tolk translate` of every line of every cell it can take, in order."""
+    return reference_of(model, tuple(line for row in make_rows(rows)
+                                     if isinstance(row["text"], str) and "\x00" not in row["text"]
+                                     for line in row["text"].split("\n")))
+
+
+def reference_of(model: Path, lines: tuple[str, ...]) -> tuple[str, ...]:
+    """`tolk translate` (float32, its default) of these lines."""
+    out = io.StringIO()
+    stdin = sys.stdin
+    try:
+        sys.stdin = io.StringIO("".join(f"{line}\n" for line in lines))
+        with contextlib.redirect_stdout(out):
+            assert cli.main(["translate", "--model", str(model), "--dtype", "float32"]) == 0
+    finally:
+        sys.stdin = stdin
+    translated = tuple(out.getvalue().split("\n")[:-1])
+    assert len(translated) == len(lines)
+    return translated
+
+
+def assert_translated(fmt: str, rows: list[dict[str, Any]], out: list[dict[str, Any]],
+                      expected: tuple[str, ...]) -> None:
+    """Row by row: the other columns as they were, each translation `tolk translate`'s lines joined by its newlines,
+    null cells null, NUL refused in the error column."""
+    assert len(out) == len(rows)
+    lines = iter(expected)
+    for row, got in zip(rows, out, strict=True):
+        kept = {k: v for k, v in got.items() if k not in ("text_pt", "text_pt_error")}
+        assert kept == ({k: v for k, v in row.items() if k != "tags"} if fmt == "csv" else row)
+        text = row["text"]
+        if text is None:
+            assert got["text_pt"] is None and got["text_pt_error"] is None
+        elif "\x00" in text:
+            assert got["text_pt"] is None and "U+0000" in got["text_pt_error"]
+        else:
+            assert got["text_pt_error"] is None
+            assert got["text_pt"].split("\n") == [next(lines) for _ in text.split("\n")], row
+    assert next(lines, None) is None
+
+
+def translate_dataset(source: Path, output: Path, model: Path, *more: str) -> int:
+    return cli.main(["translate-dataset", str(source), str(output), "--column", "text", "--source", "en",
+                     "--target", "pt", "--model", str(model), "--dtype", "float32", "--threads", "1", "--quiet",
+                     *more])
+
+
+@pytest.fixture(scope="module")
+def inputs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    folder = tmp_path_factory.mktemp("datasets")
+    rows = make_rows()
+    return {fmt: write_input(rows, fmt, folder / f"in.{EXT[fmt]}") for fmt in FORMATS}
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_each_format_gives_tolk_translate_line_by_line(fmt: str, inputs: dict[str, Path], tiny_model_dir: Path,
+                                                       tmp_path: Path) -> None:
+    output = tmp_path / f"out.{EXT[fmt]}"
+    report = tmp_path / "report.json"
+    assert translate_dataset(inputs[fmt], output, tiny_model_dir, "--block-rows", "300", "--report",
+                             str(report)) == 0
+    assert_translated(fmt, make_rows(), read_output(fmt, output), reference(tiny_model_dir))
+    figures = json.loads(report.read_text())
+    assert figures["rows"] == ROWS and figures["blocks"] == 7
+    assert figures["decoded"] < figures["sentences"]  # repeats decoded once
+    assert not output.with_name(output.name + ".tolk-parts").exists()  # the parts went into the one file
+
+
+def test_a_directory_of_parts_reads_as_the_one_file(inputs: dict[str, Path], tiny_model_dir: Path,
+                                                     tmp_path: Path) -> None:
+    folder = tmp_path / "parts"
+    assert translate_dataset(inputs["parquet"], folder, tiny_model_dir, "--block-rows", "300") == 0
+    assert sorted(p.name for p in folder.iterdir())[:2] == ["_tolk_manifest.json", "part-000000.parquet"]
+    assert_translated("parquet", make_rows(), pq.read_table(folder).to_pylist(), reference(tiny_model_dir))
+    again = translate_dataset(inputs["parquet"], folder, tiny_model_dir, "--block-rows", "300")  # done: nothing to do
+    assert again == 0 and len(list(folder.glob("part-*"))) == 7
+
+
+def run_killed(command: list[str], parts: Path, at_least: int) -> None:
+    """Start the command, SIGKILL it once `parts` holds at_least parts, and check it had not finished."""
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])}
+    process = subprocess.Popen(command, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    deadline = time.monotonic() + 300
+    while len(list(parts.glob("part-*"))) < at_least:
+        assert process.poll() is None, process.stderr.read().decode() if process.stderr else ""
+        assert time.monotonic() < deadline
+        time.sleep(0.01)
+    process.send_signal(signal.SIGKILL)
+    process.wait()
+    assert process.returncode == -signal.SIGKILL
+
+
+def test_a_job_killed_midway_resumes_to_the_uninterrupted_output(inputs: dict[str, Path], tiny_model_dir: Path,
+                                                                  tmp_path: Path) -> None:
+    whole, resumed = tmp_path / "whole.jsonl", tmp_path / "resumed.jsonl"
+    args = ["--block-rows", "50"]
+    assert translate_dataset(inputs["jsonl"], whole, tiny_model_dir, *args) == 0
+    parts = tmp_path / "resumed.jsonl.tolk-parts"
+    run_killed([*TOLK, "translate-dataset", str(inputs["jsonl"]), str(resumed), "--column", "text", "--source", "en",
+                "--target", "pt", "--model", str(tiny_model_dir), "--dtype", "float32", "--threads", "1", "--quiet",
+                *args], parts, at_least=3)
+    assert not resumed.exists()
+    done = len(list(parts.glob("part-*")))
+    report = tmp_path / "report.json"
+    assert translate_dataset(inputs["jsonl"], resumed, tiny_model_dir, *args, "--report", str(report)) == 0
+    assert resumed.read_bytes() == whole.read_bytes()
+    assert json.loads(report.read_text())["rows"] == ROWS
+    assert done < ROWS // 50  # it was stopped mid-way
+
+
+def test_a_part_being_written_or_joined_when_killed_is_redone(inputs: dict[str, Path], tiny_model_dir: Path,
+                                                               tmp_path: Path) -> None:
+    """The states a kill can leave, made by hand: a part under its temporary name, parts missing after a join
+    began removing them (the joined file already there), a manifest whose writer died before renaming it."""
+    folder, whole = tmp_path / "out", tmp_path / "whole.csv"
+    assert translate_dataset(inputs["csv"], whole, tiny_model_dir, "--block-rows", "300") == 0
+    assert translate_dataset(inputs["csv"], folder, tiny_model_dir, "--block-rows", "300") == 0
+    (folder / "part-000003.csv").rename(folder / ".part-000003.csv.0123.tmp")
+    (folder / "part-000005.csv").unlink()
+    assert translate_dataset(inputs["csv"], folder, tiny_model_dir, "--block-rows", "300") == 0
+    assert not list(folder.glob(".*.tmp"))
+    joined = pa.concat_tables(read_part("csv", p) for p in sorted(folder.glob("part-*.csv")))
+    assert joined.equals(read_part("csv", whole))
+
+    single = tmp_path / "single.csv"
+    work = tmp_path / "single.csv.tolk-parts"
+    work.mkdir()
+    (work / "._tolk_manifest.json.tmp").write_text("{")  # killed while planning
+    assert translate_dataset(inputs["csv"], single, tiny_model_dir, "--block-rows", "300") == 0
+    assert single.read_bytes() == whole.read_bytes()
+
+
+def test_other_arguments_or_a_changed_input_are_refused(inputs: dict[str, Path], tiny_model_dir: Path,
+                                                        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    source = tmp_path / "in.jsonl"
+    source.write_bytes(inputs["jsonl"].read_bytes())
+    folder = tmp_path / "out"
+    assert translate_dataset(source, folder, tiny_model_dir, "--block-rows", "500") == 0
+    assert translate_dataset(source, folder, tiny_model_dir, "--block-rows", "600") == 1
+    assert "block_rows (500 then, 600 now)" in capsys.readouterr().err
+    with open(source, "a") as f:
+        f.write(json.dumps({"id": -1, "text": "One more row."}) + "\n")
+    assert translate_dataset(source, folder, tiny_model_dir, "--block-rows", "500") == 1
+    assert "the input changed since the job began" in capsys.readouterr().err
+
+
+def test_bad_input_is_named(tiny_model_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    table = pa.table({"id": [1, 2], "body": ["Save the file.", None], "n": [1, 2]})
+    pq.write_table(table, tmp_path / "t.parquet")
+    cases = [
+        (["--column", "text", "--source", "en"], "has no column 'text'; its columns: id, body, n"),
+        (["--column", "n", "--source", "en"], "holds int64 values, not text"),
+        (["--column", "body", "--source", "en", "--output-column", "id"], "already has a column 'id'"),
+        (["--column", "body", "--source", "de"], "translates from 'en', not 'de'"),
+    ]
+    for more, message in cases:
+        assert cli.main(["translate-dataset", str(tmp_path / "t.parquet"), str(tmp_path / "o.parquet"), "--target",
+                         "pt", "--model", str(tiny_model_dir), "--quiet", *more]) == 1
+        assert message in capsys.readouterr().err
+    (tmp_path / "broken.jsonl").write_text('{"text": "fine"}\n{"text": oops}\n')
+    assert translate_dataset(tmp_path / "broken.jsonl", tmp_path / "o.jsonl", tiny_model_dir) == 1
+    assert "broken.jsonl: record 2 is not JSON" in capsys.readouterr().err
+    assert translate_dataset(tmp_path / "missing.csv", tmp_path / "o.csv", tiny_model_dir) == 1
+    assert "missing.csv does not exist" in capsys.readouterr().err
+
+
+def test_a_json_value_that_is_not_text_is_that_row_s_error(tiny_model_dir: Path, tmp_path: Path) -> None:
+    source = tmp_path / "in.jsonl"
+    source.write_text('{"text": "Save the file."}\n{"text": 1984, "k": [1]}\n{"other": 1}\n{"text": "Open it."}\n')
+    assert translate_dataset(source, tmp_path / "o.jsonl", tiny_model_dir) == 0
+    out = read_output("jsonl", tmp_path / "o.jsonl")
+    assert [r["text_pt_error"] for r in out] == [None, "'text' holds int 1984, not text", None, None]
+    assert out[1]["k"] == [1] and out[1]["text_pt"] is None and out[2] == {"other": 1, "text_pt": None,
+                                                                            "text_pt_error": None}
+    assert [r["text_pt"] for r in out[::3]] == list(reference_of(tiny_model_dir, ("Save the file.", "Open it.")))
+
+
+
+@pytest.mark.skipif(shutil.which("redis-server") is None, reason="needs redis-server (Debian's redis-server package)")
+def test_jobs_and_servers_share_the_redis_translation_cache(inputs: dict[str, Path], tiny_model_dir: Path,
+                                                            tmp_path: Path, request: pytest.FixtureRequest) -> None:
+    url = request.getfixturevalue("redis_url")  # tests/test_shared_cache.py's redis-server
+    redis.Redis.from_url(url).flushdb()
+    first, second = tmp_path / "first.jsonl", tmp_path / "second.jsonl"
+    for output in (first, second):
+        assert translate_dataset(inputs["jsonl"], output, tiny_model_dir, "--cache-url", url, "--report",
+                                 str(output.with_suffix(".json"))) == 0
+    assert json.loads(first.with_suffix(".json").read_text())["decoded"] > 0
+    assert json.loads(second.with_suffix(".json").read_text())["decoded"] == 0  # every sentence from Redis
+    assert second.read_bytes() == first.read_bytes()
+    row = next(r for r in read_output("jsonl", first) if r["text"] and r["text"].count(".") == 1)
+    with app_client(tiny_model_dir, cache_url=url) as client:  # a server on the same model and Redis
+        hits = metric(client, HIT)
+        assert post(client, row["text"])["translatedText"] == row["text_pt"]
+        assert metric(client, HIT) == hits + 1
