@@ -204,8 +204,11 @@ def test_novels_are_read_from_tidytext_and_tokenizers_without_austen_or_gutenber
     pd = pytest.importorskip("pandas")
     tidytext, tokenizers = tmp_path / "tidytext", tmp_path / "tokenizers"
     (tidytext / novels.BOOKS).parent.mkdir(parents=True)
-    frame = pd.DataFrame({"gutenberg_id": [36] * len(BOOKS), "text": pd.array([t for _, t in BOOKS], dtype="string"),
-                          "title": [title for title, _ in BOOKS]})
+    # strings held by Python, as rdata writes them (with pyarrow installed pandas would hold them in Arrow arrays,
+    # which rdata's writer does not take)
+    text = pd.StringDtype("python")
+    frame = pd.DataFrame({"gutenberg_id": [36] * len(BOOKS), "text": pd.array([t for _, t in BOOKS], dtype=text),
+                          "title": pd.array([title for title, _ in BOOKS], dtype=text)})
     rdata.write_rda(tidytext / novels.BOOKS, {"books": frame})
     write_lazyload(tokenizers / novels.MOBY_DICK, {"mobydick": [MOBY_DICK]})
     assert list(novels.sentences(tidytext)) == [
