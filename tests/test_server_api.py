@@ -92,7 +92,7 @@ def test_translate_shapes(client: TestClient) -> None:
     assert many["translatedText"][0] == one["translatedText"]
     auto = client.post("/translate", json={"q": "Open the file.", "source": "auto", "target": "pt"}).json()
     assert auto["translatedText"] == one["translatedText"]
-    assert auto["detectedLanguage"] == {"confidence": 100.0, "language": "en"}  # the only source language served
+    assert auto["detectedLanguage"]["language"] == "en" and auto["detectedLanguage"]["confidence"] > 90
     form = client.post("/translate", data={"q": "Open the file.", "source": "en", "target": "pt"})
     assert form.json() == one
     multipart = client.post("/translate", files={"q": (None, "Open the file."), "target": (None, "pt")})

@@ -24,7 +24,7 @@ from server.deps import (
 from server.detect import Detection, LazyDetector
 from server.errors import ClientClosed, TolkError, error_body
 from server.glossaries import Glossary, owner_of
-from server.languages import standard
+from server.languages import match, standard
 from server.metrics import Metrics
 from server.plan import PieceEvent, TextResult
 from server.registry import Registry
@@ -143,14 +143,14 @@ def _detected(d: Detection) -> DetectedLanguage:
     return DetectedLanguage(confidence=d.confidence, language=d.language)
 
 
-def _response(req: TranslateRequest, detected: list[Detection] | None,
-              results: list[TextResult]) -> TranslateResponse:
+def _response(req: TranslateRequest, detected: list[Detection] | None, results: list[TextResult],
+              named: str) -> TranslateResponse:
     one = isinstance(req.q, str)
     response = TranslateResponse(translatedText=results[0].text if one else [r.text for r in results])
     if req.alternatives:
         response.alternatives = results[0].alternatives if one else [r.alternatives for r in results]
     # A named source is reported too, as certain: some clients (Traduzir Paginas Web) read it whatever they sent.
-    found = detected or [Detection(standard(req.source), 100.0)] * len(results)
+    found = detected or [Detection(named, 100.0)] * len(results)
     response.detectedLanguage = _detected(found[0]) if one else [_detected(d) for d in found]
     if req.options.return_scores:
         details = [TextDetails(finish_reason=r.finish_reason, input_tokens=r.input_tokens,
@@ -175,7 +175,8 @@ async def translate(request: Request, response: Response, req: TranslateRequestD
     finally:
         translation.cancel()
     response.headers.update(translation.server_timing())
-    answer = _response(req, translation.detected, results)
+    named = match(req.source, registry.languages()) or standard(req.source)  # "en-US" is the served "en"
+    answer = _response(req, translation.detected, results, named)
     if encoded is not None and isinstance(answer.detectedLanguage, list):
         answer.translatedText = json.dumps(answer.translatedText, ensure_ascii=False)
         answer.detectedLanguage = answer.detectedLanguage[0]
