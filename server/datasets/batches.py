@@ -8,6 +8,7 @@ with a translation column and an error column added. docs/bulk.md shows it in a 
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -25,6 +26,7 @@ class BatchStats:
     sentences: int
     decoded: int
     errors: int
+    ready: float | None = None  # time.time() when the engine that translated it had loaded its model
 
 
 class Translate:
@@ -52,6 +54,7 @@ class Translate:
         self.engine = Engine(EngineOptions(Path(model), source, target, dtype=dtype, device=device, rows=rows,
                                            generation=dict(generation or {}), max_source_tokens=max_source_tokens,
                                            cache_url=cache_url))
+        self.ready = time.time()
 
     def __call__(self, batch: pa.Table | dict[str, np.ndarray]) -> pa.Table | dict[str, np.ndarray]:
         """The batch with its translations and errors added, in the batch's own format."""
@@ -80,7 +83,8 @@ class Translate:
             table = table.drop_columns([PRESET])
         table = table.append_column(pa.field(self.output_column, pa.string()), pa.array(done.translations, pa.string()))
         table = table.append_column(pa.field(self.error_column, pa.string()), pa.array(errors, pa.string()))
-        return table, BatchStats(len(texts), done.sentences, done.decoded, sum(e is not None for e in errors))
+        return table, BatchStats(len(texts), done.sentences, done.decoded, sum(e is not None for e in errors),
+                                 self.ready)
 
 
 def _arrow(values: np.ndarray) -> pa.Array:

@@ -6,6 +6,7 @@ Also the progress bar both runners move (rows, with sentences per second beside 
 from __future__ import annotations
 
 import logging
+import resource
 import time
 from types import TracebackType
 from typing import Any
@@ -27,22 +28,29 @@ class Progress:
         done = total - sum(b.rows for b in job.remaining())
         self.bar = tqdm(total=total, initial=done, unit="rows", disable=not enabled, dynamic_ncols=True,
                         desc="translating", smoothing=0.1)
-        self.started = time.monotonic()
+        self.started = time.time()
+        self.ready: float | None = None  # when the first engine had its model (on Ray, after this run began)
         self.sentences = self.decoded = self.errors = 0
 
     def update(self, stats: BatchStats) -> None:
+        if stats.ready is not None:
+            self.ready = min(self.ready or stats.ready, stats.ready)
         self.sentences += stats.sentences
         self.decoded += stats.decoded
         self.errors += stats.errors
-        rate = self.sentences / max(time.monotonic() - self.started, 1e-9)
+        rate = self.sentences / max(time.time() - self.started, 1e-9)
         self.bar.set_postfix_str(f"{rate:,.0f} sentences/s, {self.errors} errors", refresh=False)
         self.bar.update(stats.rows)
 
     def summary(self) -> dict[str, Any]:
         """What this run did, for the command's last line and the benchmarks."""
-        seconds = time.monotonic() - self.started
+        now = time.time()
+        seconds = now - self.started
+        translating = now - max(self.ready or self.started, self.started)  # without Ray's actors loading the model
         return {"seconds": seconds, "sentences": self.sentences, "decoded": self.decoded, "errors": self.errors,
-                "sentences_per_second": self.sentences / max(seconds, 1e-9)}
+                "sentences_per_second": self.sentences / max(seconds, 1e-9), "translating_seconds": translating,
+                "translating_per_second": self.sentences / max(translating, 1e-9),
+                "max_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}
 
     def __enter__(self) -> Progress:
         return self

@@ -88,7 +88,8 @@ class TranslateBlocks:
         self.translate = Translate(**translate)
 
     def __call__(self, batch: pa.Table) -> pa.Table:
-        figures: dict[str, list[int]] = {"block": [], "rows": [], "sentences": [], "decoded": [], "errors": []}
+        figures: dict[str, list[Any]] = {"block": [], "rows": [], "sentences": [], "decoded": [], "errors": [],
+                                         "ready": []}
         for index in pc.unique(batch.column(BLOCK)).to_pylist():
             rows = batch.filter(pc.equal(batch.column(BLOCK), index)).drop_columns([BLOCK])
             block = self.parts.blocks[index]
@@ -97,7 +98,7 @@ class TranslateBlocks:
             out, stats = self.translate.translate_table(rows)
             write_part(self.parts.format, out, Path(self.parts.paths[index]), self.parts.column)
             for name, value in (("block", index), ("rows", stats.rows), ("sentences", stats.sentences),
-                                ("decoded", stats.decoded), ("errors", stats.errors)):
+                                ("decoded", stats.decoded), ("errors", stats.errors), ("ready", stats.ready)):
                 figures[name].append(value)
         return pa.table(figures)
 
@@ -130,11 +131,14 @@ def run_ray(job: Job, translate: dict[str, Any], progress: Progress, actors: int
     context.target_max_block_size = None  # never cut a block: it is written whole by the actor that has it
     log.info("translating %d blocks with %d actors of %d threads", len(remaining), size, threads)
     source = BlockSource(parts_of(job, remaining))
-    dataset = ray.data.read_datasource(source, override_num_blocks=len(remaining)).map_batches(
+    # Reads take no CPU of their own: the actors hold every CPU they may (a read that waited for one would wait for
+    # ever), and a read is little beside a translation; a few at a time keep the next blocks ready.
+    dataset = ray.data.read_datasource(source, override_num_blocks=len(remaining), num_cpus=0,
+                                       concurrency=2 * size).map_batches(
         TranslateBlocks, fn_constructor_kwargs={"parts": source.parts, "translate": {**translate, "threads": threads}},
         compute=ActorPoolStrategy(size=size), num_cpus=threads, num_gpus=gpus or None, batch_size=None,
         batch_format="pyarrow", zero_copy_batch=True)
     for figures in dataset.iter_batches(batch_size=None, batch_format="pyarrow"):
         for row in figures.to_pylist():
-            progress.update(BatchStats(row["rows"], row["sentences"], row["decoded"], row["errors"]))
+            progress.update(BatchStats(row["rows"], row["sentences"], row["decoded"], row["errors"], row["ready"]))
     return size
