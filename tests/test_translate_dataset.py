@@ -96,7 +96,7 @@ def read_output(fmt: str, path: Path) -> list[dict[str, Any]]:
     if fmt == "parquet":
         return pq.read_table(path).to_pylist()  # type: ignore[no-any-return]
     if fmt == "jsonl":
-        return [json.loads(line) for line in path.read_text().splitlines()]
+        return [json.loads(line) for line in path.read_text().split("\n") if line]
     table = pcsv.read_csv(path, parse_options=pcsv.ParseOptions(newlines_in_values=True),
                           convert_options=pcsv.ConvertOptions(strings_can_be_null=True,
                                                               quoted_strings_can_be_null=False))

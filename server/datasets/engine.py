@@ -160,10 +160,12 @@ class Engine:
 
     def _decode(self, sources: list[list[int]]) -> tuple[_Decoded, dict[int, str]]:
         """The best hypothesis of every sentence, each distinct one decoded at most once; errors by sentence."""
-        keys = cache_keys(sources, [self.config] * len(sources))
+        maybe = cache_keys(sources, [self.config] * len(sources))
+        keys = [k for k in maybe if k is not None]
+        if len(keys) != len(maybe):  # a sampled sentence has no key; `generation_config` refuses sampling
+            raise ValueError("sampled sentences cannot be deduplicated")
         first: dict[CacheKey, int] = {}  # each distinct sentence's first index
         for i, key in enumerate(keys):
-            assert key is not None  # never sampled (generation_config)
             first.setdefault(key, i)
         distinct = list(first)
         found: dict[CacheKey, Hypothesis] = {}

@@ -144,8 +144,8 @@ def read_block(fmt: Format, file: InputFile, block: Block, column: str, header: 
             f.seek(block.start)
             data = f.read(block.end - block.start)
         if fmt == "csv":
-            assert header is not None
-            table = _read_csv_bytes(data, header, f"{file.path} (rows {block.first_row + 1} on)")
+            where = f"{file.path} (rows {block.first_row + 1} on)"
+            table = _read_csv_bytes(data, header or csv_header(file.path), where)
         else:
             table = _read_json_lines(data, column, file.path, block.first_row)
     if table.num_rows != block.rows:
@@ -199,7 +199,8 @@ def read_part(fmt: Format, path: Path) -> pa.Table:
             data = f.read()
         header = pcsv.read_csv(io.BytesIO(_first_record_of(data)), parse_options=_CSV_PARSE).column_names
         return _read_csv_bytes(data[len(_first_record_of(data)):], header, str(path))
-    return pa.table({RECORD: [line for line in path.read_text(encoding="utf-8").splitlines() if line]})
+    lines = path.read_text(encoding="utf-8").split("\n")  # not splitlines: U+2028 may stand inside a JSON string
+    return pa.table({RECORD: [line for line in lines if line]})
 
 
 def _write(fmt: Format, table: pa.Table, sink: Any, header: bool, column: str) -> None:
