@@ -153,7 +153,7 @@ def main() -> None:
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(1))  # stopped: the Ray head it started stops too (finally)
 
     load_before = os.getloadavg()
-    env = {**os.environ, "PYTHONPATH": str(ROOT), "RAY_AUTH_MODE": "disabled"}
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "RAY_AUTH_MODE": "disabled", "RAY_USAGE_STATS_ENABLED": "0"}
     cpus = os.cpu_count() or 2
     ray_head = None
     if any(s.startswith("ray-") for s in args.systems):

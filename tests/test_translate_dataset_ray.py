@@ -48,12 +48,14 @@ while True:
 @pytest.fixture(scope="module")
 def cluster() -> Iterator[str]:
     temp = tempfile.mkdtemp(prefix="tolk-ray-", dir="/tmp")  # short: Ray's socket paths must fit 107 bytes
-    env = {**os.environ, "RAY_AUTH_MODE": "disabled", "PYTHONPATH": str(Path(__file__).resolve().parents[1])}
+    # no token to hand around, and no usage report sent anywhere
+    quiet = {"RAY_AUTH_MODE": "disabled", "RAY_USAGE_STATS_ENABLED": "0"}
+    env = {**os.environ, **quiet, "PYTHONPATH": str(Path(__file__).resolve().parents[1])}
     head = subprocess.Popen([sys.executable, "-c", HEAD, temp], stdout=subprocess.PIPE, text=True, env=env)
     assert head.stdout is not None
     address = head.stdout.readline().strip()
     assert address, "the Ray head did not start"
-    os.environ["RAY_AUTH_MODE"] = "disabled"
+    os.environ.update(quiet)  # for the drivers this process starts, and those it runs
     try:
         yield address
     finally:
