@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
-# Reproduce every benchmark table of docs/benchmarks.md on this machine, one script after another, so that no two
-# compete for the cores. Called by `make bench`, which installs the bench extra first. Needs the corpus
-# (`make corpus`) for the test split.
+# Reproduce every benchmark table of docs/benchmarks.md, and the component figures its Reproduce section lists, on
+# this machine, one script after another, so that no two compete for the cores. Called by `make bench`, which
+# installs the bench extra first. Needs the corpus (`make corpus`) for the test split.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PYTHON=${PYTHON:-.venv/bin/python}
@@ -42,6 +42,5 @@ random_model(Path('$work'), Path('weights/en-pt'))"
 "$PYTHON" bench/one_row.py
 "$PYTHON" bench/int8_products.py
 "$PYTHON" bench/int8_ranges.py
-"$PYTHON" bench/compiled_step.py
 "$PYTHON" bench/glossary.py --repeats 1
 "$PYTHON" bench/inline_markup.py
