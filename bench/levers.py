@@ -1,4 +1,4 @@
-"""The decode step's levers, measured side by side in one process (docs/benchmarks.md, "levers measured").
+"""The decode step's levers, measured side by side in one process (docs/experiments.md, "levers measured").
 
 1. stages: where offline `generate` spends its time on real sentences (encoder, decoder step, search, packing rows).
 2. encoder: real source tokens per second encoding one, 16 or 64 sentences at a time, with the padding ratio that

@@ -1,7 +1,7 @@
 """Where one request's time goes on the server: sequential requests, streamed and not, in alternating rounds.
 
 On the H100 a non-streamed request took about 75 ms at the median and a streamed one 12 ms, with and without
-batching, where the CPU machine has them equal (docs/benchmarks.md, "On an NVIDIA H100"). This sends rounds of
+batching, where the CPU machine has them equal (docs/experiments.md, "On an NVIDIA H100"). This sends rounds of
 sequential requests, non-streamed and streamed in turn, to servers that differ in one setting at a time (the
 scheduler in its own process or in a thread; batching on or off), so an effect of order (warm-up), of the
 transport or of batching shows in the medians. Then a short closed loop of 8 clients per server. Prints a table and

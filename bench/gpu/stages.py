@@ -1,6 +1,6 @@
 """Where one offline `generate` call spends its time, batch by batch, as bench/engines.py calls it.
 
-On the H100, Tolk's engine did not scale past one sentence at a time on the test split (docs/benchmarks.md, "On an
+On the H100, Tolk's engine did not scale past one sentence at a time on the test split (docs/experiments.md, "On an
 NVIDIA H100"), while the same engine scaled on forced-length batches. This times the same calls, eager and with
 CUDA graphs, stage by stage (encoder, decoder step, search, packing rows; the device synchronised around each stage
 so time lands where it is spent), counts steps, and profiles one call with torch.profiler (the top operators by
