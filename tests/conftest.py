@@ -1,9 +1,13 @@
-"""Shared fixtures: one tiny trained model directory per test session; figures that tests report."""
+"""Shared fixtures: one tiny trained model directory per test session, a scheduler to look inside, a Redis
+server; figures that tests report. Helpers that are not fixtures live in tests/helpers.py."""
 
 from __future__ import annotations
 
 import json
 import os
+import subprocess
+import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -16,6 +20,8 @@ import torch  # noqa: E402
 os.environ.setdefault("TOLK_KERNELS", "jit")
 
 from model import checkpoint  # noqa: E402
+from server.scheduler import Scheduler  # noqa: E402
+from tests.helpers import free_port, server_settings, thread_scheduler  # noqa: E402
 from tests.tiny import make_model_dir  # noqa: E402
 
 torch.set_num_threads(1)  # tiny models gain nothing from threads, and lose much when a core is busy
@@ -64,3 +70,40 @@ def tiny_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 @pytest.fixture(scope="session")
 def tiny_loaded(tiny_model_dir: Path) -> checkpoint.LoadedModel:
     return checkpoint.load(tiny_model_dir, device="cpu")
+
+
+@pytest.fixture
+def scheduler(tiny_loaded: checkpoint.LoadedModel, tiny_model_dir: Path) -> Iterator[Scheduler]:
+    """A started scheduler of 8 rows whose batcher is a thread of this process (tests/test_faults.py and
+    tests/test_encode_ahead.py look inside it); one request may take every row, as the faults need a full batch."""
+    settings = server_settings(tiny_model_dir, max_batch_rows=8, max_request_rows=8, scheduler_process=False)
+    s = thread_scheduler(tiny_loaded, settings)
+    s.start()
+    yield s
+    s.stop()
+
+
+@pytest.fixture(scope="module")
+def redis_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """A redis-server of this module's own on a free port (the modules that use it skip without one)."""
+    import redis  # only the Redis tests need the client
+
+    port = free_port()
+    server = subprocess.Popen(["redis-server", "--port", str(port), "--bind", "127.0.0.1", "--save", "",
+                               "--appendonly", "no", "--dir", str(tmp_path_factory.mktemp("redis"))],
+                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    url = f"redis://127.0.0.1:{port}/0"
+    client = redis.Redis.from_url(url)
+    deadline = time.monotonic() + 10
+    while True:
+        try:
+            client.ping()
+            break
+        except redis.ConnectionError:
+            if time.monotonic() > deadline:
+                server.kill()
+                raise
+            time.sleep(0.05)
+    yield url
+    server.terminate()
+    server.wait(10)

@@ -26,7 +26,7 @@ from server.jobs import Job
 from server.messages import Submit
 from server.scheduler import Scheduler
 from server.waiting import Pending, Waiting
-from tests.test_server_batching import app_client, scheduler_of, wait_for
+from tests.helpers import app_client, scheduler_of, wait_for
 
 LINES = "".join(f"Line {i} of the manual.\n" for i in range(80))  # 80 sentences in one text
 SLOW = {"min_new_tokens": 8, "max_new_tokens": 8}

@@ -23,7 +23,7 @@ from model.argos import import_any, pull_argos
 from model.generation import GenerationConfig
 from model.search import generate
 from server.cli import main as tolk
-from tests.test_ct2_import import bench_converter, to_ct2, translations, with_config
+from tests.helpers import bench_converter, to_ct2, translations, with_config
 from tests.tiny import corpus_lines
 
 ctranslate2 = pytest.importorskip("ctranslate2")

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.test_train import write_corpus
+from tests.helpers import write_corpus
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -15,10 +15,8 @@ from model.events import FinishEvent, Hypothesis, TokenEvent
 from model.generation import GenerationConfig
 from server.cache import TranslationCache, cache_key
 from server.scheduler import Scheduler
-from tests.test_server_api import metric, parse_sse
-from tests.test_server_batching import app_client, batch_of, scheduler_of
+from tests.helpers import HIT, app_client, batch_of, metric, scheduler_of, stream_with, translate_with
 
-HIT = 'tolk_translation_cache_total{model="tiny-en-pt",result="hit"}'
 MISS = 'tolk_translation_cache_total{model="tiny-en-pt",result="miss"}'
 
 
@@ -63,26 +61,13 @@ def count_steps(cached: TestClient) -> Iterator[None]:
     batch.forward, batch.greedy_steps = forward, greedy_steps  # type: ignore[method-assign]
 
 
-def post(client: TestClient, q: str | list[str], **options: Any) -> dict[str, Any]:
-    r = client.post("/translate", json={"q": q, "source": "en", "target": "pt", "options": options})
-    assert r.status_code == 200, r.text
-    body: dict[str, Any] = r.json()
-    return body
-
-
-def stream(client: TestClient, q: str, **options: Any) -> list[tuple[str, Any]]:
-    r = client.post("/translate/stream", json={"q": q, "source": "en", "target": "pt", "options": options})
-    assert r.status_code == 200, r.text
-    return parse_sse(r.text)
-
-
 def test_a_repeat_is_answered_without_decoding_and_equals_the_decode(cached: TestClient,
                                                                      uncached: TestClient) -> None:
     text, options = "Open the settings window.", {"max_new_tokens": 12, "return_scores": True}
-    first = post(cached, text, **options)
+    first = translate_with(cached, text, **options)
     steps, hits = decode_steps(cached), metric(cached, HIT)
-    again = post(cached, text, **options)
-    assert again == first == post(uncached, text, **options)  # text, scores and token counts alike
+    again = translate_with(cached, text, **options)
+    assert again == first == translate_with(uncached, text, **options)  # text, scores and token counts alike
     assert decode_steps(cached) == steps  # nothing was decoded
     assert metric(cached, HIT) == hits + 1
 
@@ -91,11 +76,11 @@ def test_a_repeat_is_answered_without_decoding_and_equals_the_decode(cached: Tes
 def test_a_streamed_repeat_sends_the_events_of_a_decode(cached: TestClient, uncached: TestClient,
                                                         options: dict[str, Any]) -> None:
     text = f"Save the file before closing {options.get('beam_size', 1)}."
-    whole = post(cached, text, **options)  # decoded without streaming first: no token log-probs kept
-    decoded = stream(cached, text, **options)  # so this one decodes (greedy) and keeps them
+    whole = translate_with(cached, text, **options)  # decoded without streaming first: no token log-probs kept
+    decoded = stream_with(cached, text, **options)  # so this one decodes (greedy) and keeps them
     steps = decode_steps(cached)
-    replayed = stream(cached, text, **options)
-    assert replayed == decoded == stream(uncached, text, **options)  # tokens, ids, log-probs, done events
+    replayed = stream_with(cached, text, **options)
+    assert replayed == decoded == stream_with(uncached, text, **options)  # tokens, ids, log-probs, done events
     assert decode_steps(cached) == steps
     assert replayed[-1][1]["translatedText"] == whole["translatedText"]
     tokens = [d["token"] for e, d in replayed if e == "token"]
@@ -106,27 +91,27 @@ def test_a_streamed_repeat_sends_the_events_of_a_decode(cached: TestClient, unca
 
 def test_a_request_mixing_repeats_and_new_sentences_keeps_its_order(cached: TestClient,
                                                                     uncached: TestClient) -> None:
-    post(cached, ["Close the window.", "Print the page."])
+    translate_with(cached, ["Close the window.", "Print the page."])
     mixed = ["Print the page.", "Undo the last change.", "Close the window.", "Print the page. Close the window."]
-    assert post(cached, mixed) == post(uncached, mixed)
-    streamed = stream(cached, "Close the window. Delete the old copy. Print the page.")
-    assert streamed == stream(uncached, "Close the window. Delete the old copy. Print the page.")
+    assert translate_with(cached, mixed) == translate_with(uncached, mixed)
+    streamed = stream_with(cached, "Close the window. Delete the old copy. Print the page.")
+    assert streamed == stream_with(uncached, "Close the window. Delete the old copy. Print the page.")
 
 
 def test_sampling_always_decodes(cached: TestClient) -> None:
     options = {"do_sample": True, "seed": 5, "max_new_tokens": 6}
     hits, misses = metric(cached, HIT), metric(cached, MISS)
-    first = post(cached, "Open the file now.", **options)
+    first = translate_with(cached, "Open the file now.", **options)
     steps = decode_steps(cached)
-    assert post(cached, "Open the file now.", **options) == first  # the seed makes it the same ...
+    assert translate_with(cached, "Open the file now.", **options) == first  # the seed makes it the same ...
     assert decode_steps(cached) > steps  # ... but it was decoded again
     assert (metric(cached, HIT), metric(cached, MISS)) == (hits, misses)  # and never looked up
 
 
 def test_other_settings_are_other_entries(cached: TestClient) -> None:
-    post(cached, "Rename the folder.", max_new_tokens=10)
+    translate_with(cached, "Rename the folder.", max_new_tokens=10)
     steps = decode_steps(cached)
-    post(cached, "Rename the folder.", max_new_tokens=3)
+    translate_with(cached, "Rename the folder.", max_new_tokens=3)
     assert decode_steps(cached) > steps
 
 
@@ -153,7 +138,7 @@ def test_the_cache_is_bounded_and_can_be_off() -> None:
 
 
 def test_scheduler_of_the_uncached_server_keeps_nothing(uncached: TestClient) -> None:
-    post(uncached, "Open the file.")
+    translate_with(uncached, "Open the file.")
     scheduler: Scheduler = scheduler_of(uncached)
     assert len(scheduler.cache) == 0 and not scheduler.cache.enabled
 
@@ -163,26 +148,26 @@ def test_a_sentence_repeated_within_a_request_is_decoded_once(cached: TestClient
     admitted = 'tolk_input_tokens_total{model="tiny-en-pt"}'
     texts = ["Replace all matches.", "Replace all matches.", "Find the next word.", "Replace all matches."]
     before = metric(cached, admitted)
-    assert post(cached, texts) == post(uncached, texts)
+    assert translate_with(cached, texts) == translate_with(uncached, texts)
     once = sum(len(tiny_loaded.tokenizer.encode(t)) for t in set(texts))
     assert metric(cached, admitted) - before == once  # two sentences admitted, not four
     text = "Go back. Go back. Stop here. Go back."
-    assert stream(cached, text) == stream(uncached, text)
+    assert stream_with(cached, text) == stream_with(uncached, text)
 
 
 def test_requests_with_and_without_scores_share_entries(cached: TestClient, uncached: TestClient) -> None:
     text = "Empty the trash now."
-    stream(cached, text)  # decoded with every token's log-probability: answers anything
+    stream_with(cached, text)  # decoded with every token's log-probability: answers anything
     steps = decode_steps(cached)
-    assert post(cached, text) == post(uncached, text)
-    assert post(cached, text, return_scores=True) == post(uncached, text, return_scores=True)
+    assert translate_with(cached, text) == translate_with(uncached, text)
+    assert translate_with(cached, text, return_scores=True) == translate_with(uncached, text, return_scores=True)
     assert decode_steps(cached) == steps
     other = "Rename the old file."
-    post(cached, other)  # decoded without scores (nobody reads them)
+    translate_with(cached, other)  # decoded without scores (nobody reads them)
     steps = decode_steps(cached)
-    assert post(cached, other, return_scores=True) == post(uncached, other, return_scores=True)
+    assert translate_with(cached, other, return_scores=True) == translate_with(uncached, other, return_scores=True)
     assert decode_steps(cached) > steps  # the entry had no scores: decoded again, and kept with them
     steps = decode_steps(cached)
-    post(cached, other)
-    post(cached, other, return_scores=True)
+    translate_with(cached, other)
+    translate_with(cached, other, return_scores=True)
     assert decode_steps(cached) == steps

@@ -5,11 +5,9 @@ files; int8 models give the same sentence for at least 95% of sources; what Tolk
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import json
 import shutil
 import struct
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -18,91 +16,15 @@ import torch
 
 from model import checkpoint
 from model.ct2_format import read_model_bin
-from model.ct2_import import import_ct2, permute_hidden
+from model.ct2_import import import_ct2
 from model.generation import GenerationConfig
-from model.layers import sinusoidal_table
 from model.marian_format import UnsupportedCheckpoint
 from model.search import generate
+from tests.helpers import MAX_LEN, build_hf_dir, load_hf, source_lines, to_ct2, translations, with_config
 from tests.tiny import corpus_lines, tiny_config, tiny_model
 
 ctranslate2 = pytest.importorskip("ctranslate2")
 INFO = checkpoint.ModelInfo("ct2-en-pt", "en", "pt")
-MAX_LEN = 40
-
-
-def bench_converter() -> Any:
-    """bench/ct2_convert.py's TolkConverter (bench/ is scripts, not a package)."""
-    path = Path(__file__).resolve().parent.parent / "bench" / "ct2_convert.py"
-    spec = importlib.util.spec_from_file_location("ct2_convert", path)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules.setdefault("ct2_convert", module)
-    spec.loader.exec_module(module)
-    return module
-
-
-def with_config(model_dir: Path, out: Path, **changes: Any) -> Path:
-    """A copy of a model directory with config fields changed (or its weights permuted: `perm`)."""
-    shutil.copytree(model_dir, out)
-    perm = changes.pop("perm", None)
-    cfg = json.loads((out / "config.json").read_text())
-    (out / "config.json").write_text(json.dumps({**cfg, **changes}))
-    if perm is not None:
-        loaded = checkpoint.load(out, device="cpu")
-        loaded.model.load_state_dict(permute_hidden(loaded.model.state_dict(), perm))
-        checkpoint.save(out, loaded.model, loaded.info, out / "source.spm", out / "target.spm")
-    return out
-
-
-def to_ct2(model_dir: Path, out: Path, quantization: str | None = None, interleave: list[int] | None = None,
-           onmt_vocab: str = "") -> Path:
-    """Convert with CTranslate2's spec classes and serializer; the source flags as the Tolk model has them, the
-    position table interleaved (OpenNMT-py's layout) when `interleave` gives the inverse permutation, and the
-    vocabulary numbered as OpenNMT-py numbers it on the sides onmt_vocab names ("source", "target" or both)."""
-    module = bench_converter()
-    cfg = checkpoint.read_meta(model_dir).cfg
-
-    class Converter(module.TolkConverter):  # type: ignore[misc, name-defined]
-        def _load(self) -> Any:
-            spec = super()._load()
-            spec.config.add_source_eos = cfg.add_source_eos
-            spec.config.add_source_bos = cfg.add_source_bos
-            if interleave is not None:
-                table = sinusoidal_table(cfg.max_positions, cfg.d_model)[:, interleave]
-                spec.encoder.position_encodings.encodings = table
-                spec.decoder.position_encodings.encodings = table
-            if onmt_vocab:
-                renumber_like_onmt(spec, onmt_vocab)
-            return spec
-
-    Converter(model_dir).convert(str(out), quantization=quantization, force=True)
-    shutil.copyfile(model_dir / "source.spm", out / "sentencepiece.model")
-    return out
-
-
-def renumber_like_onmt(spec: Any, sides: str) -> None:
-    """The spec's vocabulary (SentencePiece's pad 0, bos 1, eos 2, unk 3) renumbered as OpenNMT-py's on `sides`;
-    the source alone gets eos and unk swapped (a source numbered otherwise, its pad where the target's is)."""
-    pieces = spec._vocabularies["target"][0]
-    order = [3, 0, 1, 2] if "target" in sides else [0, 1, 3, 2]
-    index = torch.tensor([*order, *range(4, len(pieces))])
-    names = ["<unk>", "<blank>", "<s>", "</s>", *pieces[4:]] if "target" in sides else [pieces[i] for i in index]
-    layers = {"source": [spec.encoder.embeddings[0]], "target": [spec.decoder.embeddings, spec.decoder.projection]}
-    for side in ("source", "target"):
-        if side in sides:
-            for layer in layers[side]:
-                layer.weight = layer.weight.index_select(0, index)
-            spec._vocabularies[side] = [names]
-    if sides == "no pad":  # CTranslate2's Marian conversion drops the pad piece
-        keep = torch.arange(1, len(pieces))
-        for layer in (*layers["source"], *layers["target"]):
-            layer.weight = layer.weight.index_select(0, keep)
-        spec.decoder.projection.bias = spec.decoder.projection.bias.index_select(0, keep)
-        spec._vocabularies = {"source": [pieces[1:]], "target": [pieces[1:]]}
-    if "target" in sides:
-        spec.decoder.projection.bias = spec.decoder.projection.bias.index_select(0, index)
-        spec.config.unk_token, spec.config.bos_token, spec.config.eos_token = "<unk>", "<s>", "</s>"
-        spec.config.decoder_start_token = "<s>"
 
 
 def inverse(perm: list[int]) -> list[int]:
@@ -110,28 +32,6 @@ def inverse(perm: list[int]) -> list[int]:
     for j, p in enumerate(perm):
         inv[p] = j
     return inv
-
-
-def translations(tolk_dir: Path, ct2_dir: Path, beam: int, lines: list[str],
-                 compute_type: str = "default") -> tuple[list[Any], list[Any]]:
-    """Each engine's best hypothesis (target pieces) for each line, on the same files.
-
-    Beam search without a length penalty: with one, the engines normalise alike (by (n + 1) ** penalty, the end
-    counted) but stop differently (Tolk as transformers does, CTranslate2 once its best candidates have ended),
-    which is not the import's business; without one, both return the most likely hypothesis the beam found.
-    """
-    loaded = checkpoint.load(tolk_dir, device="cpu")
-    tok = loaded.tokenizer
-    config = GenerationConfig(beam_size=beam, max_new_tokens=MAX_LEN, length_penalty=0.0)
-    ours = [tok.pieces(h[0].tokens) for h in generate(loaded.net, [tok.encode(s) for s in lines], config)]
-    translator = ctranslate2.Translator(str(ct2_dir), device="cpu", compute_type=compute_type)
-    vocabulary = ct2_dir / "shared_vocabulary.json"
-    known = set(json.loads(vocabulary.read_text())) if vocabulary.is_file() else None
-    banned = [p for p in bench_converter().banned_pieces(tolk_dir) if known is None or p in known]
-    pieces = [tok.source.encode(s, out_type=str) for s in lines]
-    results = translator.translate_batch(pieces, beam_size=beam, max_decoding_length=MAX_LEN, length_penalty=0.0,
-                                         suppress_sequences=[[p] for p in banned])
-    return ours, [r.hypotheses[0] for r in results]
 
 
 @pytest.fixture(scope="module")
@@ -378,7 +278,6 @@ def marian_conversion(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, P
     """A tiny OPUS-MT-style checkpoint converted by CTranslate2's own TransformersConverter (decoder/
     start_from_zero_embedding set, <pad> dropped, as for every Marian model), and its `tolk import`."""
     from model import argos
-    from tests.test_marian import build_hf_dir, load_hf
 
     base = tmp_path_factory.mktemp("ct2-marian")
     hf_dir = build_hf_dir(base / "hf")
@@ -397,7 +296,6 @@ def test_a_marian_conversion_translates_as_ctranslate2(marian_conversion: tuple[
     """Token for token in float32, CTranslate2 given the source as its Marian guide does (transformers' tokens,
     </s> included). CTranslate2 never ends before a first token (min_decoding_length=1 by default): Tolk is asked
     the same."""
-    from tests.test_marian import source_lines
 
     ct2_dir, out, tokenizer = marian_conversion
     flags = read_model_bin(ct2_dir / "model.bin")[2]

@@ -25,18 +25,25 @@ from model.generation import GenerationConfig
 from model.search import generate, greedy
 from server.app import create_app
 from server.scheduler import Scheduler
-from tests.test_faults import expected, inject, metric_of, run_job
-from tests.test_model import device_way_against_general_way, stepped_logits
-from tests.test_server_api import metric, server_settings, stream, translate
-from tests.test_server_batching import (
+from tests.helpers import (
     LONG,
     batch_of,
+    device_way_against_general_way,
+    expected,
     finished_sentences,
     idle,
+    inject,
+    metric,
+    metric_of,
     offline,
+    run_job,
     scheduler_of,
+    server_settings,
     slow_steps,
+    stepped_logits,
+    stream,
     thread_scheduler,
+    translate,
     wait_for,
 )
 from tests.tiny import tiny_config, tiny_model

@@ -13,7 +13,7 @@ from fastapi.testclient import TestClient
 
 from server.app import create_app
 from server.deepl import TagOptions
-from tests.test_server_api import server_settings
+from tests.helpers import server_settings
 
 KEY = "deepl-key"
 AUTH = {"Authorization": f"DeepL-Auth-Key {KEY}"}

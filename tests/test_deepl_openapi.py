@@ -20,7 +20,7 @@ from fastapi.testclient import TestClient
 from jsonschema import Draft4Validator, FormatChecker, ValidationError
 
 from server.app import create_app
-from tests.test_server_api import server_settings
+from tests.helpers import server_settings
 
 SPEC = json.loads((Path(__file__).parent / "data" / "deepl-openapi" / "openapi.json").read_text())
 KEY = "openapi-key"

@@ -21,10 +21,8 @@ import pytest
 from deepl.api_data import MultilingualGlossaryDictionaryEntries
 
 from server.app import create_app
+from tests.helpers import make_docx, relabelled, server_settings
 from tests.live import live_server
-from tests.test_files import make_docx
-from tests.test_pivot import relabelled
-from tests.test_server_api import server_settings
 
 KEY = "sdk-key"
 TEXTS = ["Open the file.", "Save changes before closing the window."]

@@ -7,8 +7,6 @@ en, es and pt.
 
 from __future__ import annotations
 
-import json
-import shutil
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -19,23 +17,12 @@ from pydantic import SecretStr
 
 from server.app import create_app
 from server.detect import Detector
-from tests.test_server_api import parse_sse, server_settings
+from tests.helpers import ES, parse_sse, renamed, server_settings
 
 EN = "The file could not be opened because the disk is full."
 PT = "Não foi possível abrir o arquivo porque o disco está cheio."
-ES = "No se pudo abrir el archivo porque el disco está lleno."
 FR = "Le fichier n'a pas pu être ouvert car le disque est plein."
 SERVED = {"en", "es", "pt"}
-
-
-def renamed(model_dir: Path, out: Path, source: str, target: str, generation: dict[str, Any] | None = None) -> Path:
-    """A copy of a model directory that says it translates source -> target."""
-    shutil.copytree(model_dir, out)
-    info = {"name": f"tiny-{source}-{target}", "source_language": source, "target_language": target}
-    (out / "info.json").write_text(json.dumps(info))
-    if generation is not None:
-        (out / "generation.json").write_text(json.dumps(generation))
-    return out
 
 
 @pytest.fixture(scope="module")

@@ -22,9 +22,8 @@ from server.app import create_app
 from server.routes import documents
 from server.routes.files import start_translation
 from server.routing import RoutedTranslation
+from tests.helpers import hostile_files, server_settings
 from tests.live import live_server
-from tests.test_security import hostile_files
-from tests.test_server_api import server_settings
 
 SRT = "".join(f"{i}\n00:00:0{i},000 --> 00:00:0{i},900\nOpen the file number {i}. Save it.\n\n" for i in range(1, 8))
 TXT = "Open the file.\n\n  Save changes before closing. Click here to continue.\n"

@@ -18,9 +18,7 @@ from model.events import FinishEvent
 from server.batcher import cpu_cores
 from server.jobs import Job
 from server.scheduler import Scheduler
-from tests.test_faults import OPTIONS, TEXTS, expected
-from tests.test_faults import scheduler as scheduler  # noqa: F401  (the fixture: 8 rows, batcher a thread)
-from tests.test_server_batching import app_client, batch_of, batcher_of, scheduler_of, slow_steps, wait_for
+from tests.helpers import OPTIONS, TEXTS, app_client, batch_of, batcher_of, expected, scheduler_of, slow_steps, wait_for
 
 LONG = "Save changes before closing the file, then click here to continue."
 

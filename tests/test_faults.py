@@ -2,79 +2,31 @@
 
 from __future__ import annotations
 
-import asyncio
 import threading
-from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Any
 
 import pytest
-import torch
 from fastapi.testclient import TestClient
 
 from model.checkpoint import LoadedModel
-from model.decode import DecodeBatch
-from model.events import FinishEvent, TokenEvent
-from model.generation import GenerationConfig
-from model.search import generate
 from server.app import create_app
 from server.scheduler import Scheduler
-from tests.test_server_api import metric, server_settings
-from tests.test_server_batching import batch_of, batcher_of, scheduler_of, slow_steps, thread_scheduler, wait_for
-
-TEXTS = ["Open the file.", "Save changes before closing.", "The file could not be opened.", "Disk full.",
-         "Select all copy paste undo.", "Click here to continue."]
-OPTIONS: list[dict[str, Any]] = [{}, {"max_new_tokens": 7}, {"beam_size": 2}, {"do_sample": True, "seed": 11},
-                                 {"do_sample": True, "top_k": 5}, {"repetition_penalty": 1.5}]
-
-
-@pytest.fixture
-def scheduler(tiny_loaded: LoadedModel, tiny_model_dir: Path) -> Iterator[Scheduler]:
-    # one request may take every row here: the faults below need a full batch
-    settings = server_settings(tiny_model_dir, max_batch_rows=8, max_request_rows=8, scheduler_process=False)
-    s = thread_scheduler(tiny_loaded, settings)
-    s.start()
-    yield s
-    s.stop()
-
-
-def run_job(scheduler: Scheduler, sources: list[list[int]], configs: list[GenerationConfig]) -> tuple[
-        dict[int, list[int]], dict[int, FinishEvent]]:
-    """Submit one streaming job; the token ids streamed per sentence and each sentence's FinishEvent."""
-
-    async def scenario() -> tuple[dict[int, list[int]], dict[int, FinishEvent]]:
-        job = scheduler.submit(sources, configs, stream=True)
-        streamed: dict[int, list[int]] = {i: [] for i in range(len(sources))}
-        finished: dict[int, FinishEvent] = {}
-        async for event in job.events():
-            if isinstance(event, TokenEvent):
-                streamed[event.sentence].append(event.token)
-            else:
-                finished[event.sentence] = event
-        return streamed, finished
-
-    return asyncio.run(scenario())
-
-
-def inject(batch: DecodeBatch, name: str, fails: Any) -> list[int]:
-    """Make batch.<name> raise an out-of-memory error whenever fails(batch, args) says so; returns the sizes seen."""
-    original = getattr(batch, name)
-    seen: list[int] = []
-
-    def wrapper(*args: Any, **kwargs: Any) -> Any:
-        seen.append(batch.n if name == "forward" else len(args[0]))
-        if fails(batch, *args):
-            raise torch.OutOfMemoryError("CUDA out of memory (simulated)")
-        return original(*args, **kwargs)
-
-    setattr(batch, name, wrapper)
-    return seen
-
-
-def expected(loaded: LoadedModel, config: GenerationConfig, text: str) -> list[int]:
-    (hyps,) = generate(loaded.net, [loaded.tokenizer.encode(text)], config)
-    return hyps[0].tokens
+from tests.helpers import (
+    OPTIONS,
+    TEXTS,
+    batch_of,
+    batcher_of,
+    expected,
+    inject,
+    metric,
+    metric_of,
+    run_job,
+    scheduler_of,
+    server_settings,
+    slow_steps,
+    wait_for,
+)
 
 
 def test_out_of_memory_step_halves_the_rows_and_loses_nothing(scheduler: Scheduler, tiny_loaded: LoadedModel) -> None:
@@ -124,11 +76,6 @@ def test_out_of_memory_with_one_sentence_fails_it_alone(scheduler: Scheduler, ti
     streamed, finished = run_job(scheduler, [tiny_loaded.tokenizer.encode("Disk full.")], [tiny_loaded.generation])
     assert streamed[0] == finished[0].hypotheses[0].tokens
     assert scheduler.running and scheduler.queued == 0
-
-
-def metric_of(scheduler: Scheduler, name: str) -> float:
-    collector = getattr(scheduler._metrics, name).labels(model=scheduler.name)
-    return float(collector._value.get())
 
 
 def test_dead_scheduler_fails_its_requests_turns_ready_to_503_and_is_restarted(tiny_model_dir: Path) -> None:

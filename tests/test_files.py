@@ -14,7 +14,6 @@ import zipfile
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Any
 
 import docx
 import pptx
@@ -29,9 +28,7 @@ from odf.style import MasterPage, PageLayout, Style, TextProperties
 from server.app import create_app
 from server.documents.store import FileStore
 from server.errors import NotFound, PayloadTooLarge
-from tests.test_server_api import server_settings
-
-URL = re.compile(r"http://testserver/download_file/[0-9a-f]{8}-[0-9a-f]{4}-4[0-9a-f]{3}-[0-9a-f]{4}-[0-9a-f]{12}\.(.+)")
+from tests.helpers import CHAPTER, URL, make_docx, make_epub, server_settings, translate_file, upload
 
 
 @pytest.fixture(scope="module")
@@ -45,27 +42,6 @@ def translate(client: TestClient, q: str, fmt: str = "text") -> str:
     assert r.status_code == 200, r.text
     text: str = r.json()["translatedText"]
     return text
-
-
-def upload(client: TestClient, name: str, data: bytes, **fields: str) -> dict[str, Any]:
-    r = client.post("/translate_file", files={"file": (name, data)}, data={"source": "en", "target": "pt", **fields})
-    assert r.status_code == 200, r.text
-    answer: dict[str, Any] = r.json()
-    return answer
-
-
-def translate_file(client: TestClient, name: str, data: bytes, media_type: str) -> bytes:
-    """Upload, check the answer's URL (LibreTranslate's shape) and the download's headers; the translated bytes."""
-    url = upload(client, name, data)["translatedFileUrl"]
-    m = URL.fullmatch(url)
-    assert m, url
-    stem, ext = name.rsplit(".", 1)
-    assert m.group(1) == f"{stem}_pt.{ext}"
-    r = client.get(url)
-    assert r.status_code == 200, r.text
-    assert r.headers["content-type"] == media_type
-    assert r.headers["content-disposition"] == f'attachment; filename="{stem}_pt.{ext}"'
-    return r.content
 
 
 # --- text, HTML ---------------------------------------------------------------------------------------------
@@ -90,25 +66,6 @@ def test_html_is_translated_as_translate_does_html(client: TestClient) -> None:
 
 
 # --- Word, PowerPoint ---------------------------------------------------------------------------------------
-
-def make_docx() -> bytes:
-    doc = docx.Document()
-    doc.add_heading("Open the file.", level=1)
-    p = doc.add_paragraph("Save changes ")
-    p.add_run("before closing").bold = True
-    p.add_run(" the window").italic = True
-    p.add_run(".")
-    split = doc.add_paragraph()  # two runs of one formatting: one span, translated as one text
-    split.add_run("Click here ")
-    split.add_run("to continue.")
-    doc.add_paragraph().add_run("Disk full:\tselect all")  # a tab between two texts stays between them
-    table = doc.add_table(rows=2, cols=2)
-    for i, cell in enumerate(table._cells):
-        cell.text = ["Error while reading.", "Copy.", "Paste.", "Undo."][i]
-    doc.sections[0].header.paragraphs[0].text = "Translation server."
-    out = io.BytesIO()
-    doc.save(out)
-    return out.getvalue()
 
 
 def test_docx_paragraphs_runs_tables_and_headers(client: TestClient) -> None:
@@ -255,30 +212,6 @@ def test_odp_text_boxes(client: TestClient) -> None:
 
 
 # --- EPUB ---------------------------------------------------------------------------------------------------
-
-CHAPTER = ('<?xml version="1.0" encoding="utf-8"?>\n<!DOCTYPE html>\n<html xmlns="http://www.w3.org/1999/xhtml">'
-           '<head><title>Open the file.</title></head>\n<body><h1>Save changes.</h1><p>Click <em>here</em> to '
-           'continue.<br/>Select all.</p></body></html>\n')
-
-
-def make_epub(chapter: str = CHAPTER) -> bytes:
-    out = io.BytesIO()
-    with zipfile.ZipFile(out, "w", zipfile.ZIP_DEFLATED) as z:
-        z.writestr(zipfile.ZipInfo("mimetype"), "application/epub+zip", compress_type=zipfile.ZIP_STORED)
-        z.writestr("META-INF/container.xml", '<?xml version="1.0"?><container version="1.0" '
-                   'xmlns="urn:oasis:names:tc:opendocument:xmlns:container"><rootfiles><rootfile '
-                   'full-path="OEBPS/content.opf" media-type="application/oebps-package+xml"/></rootfiles></container>')
-        z.writestr("OEBPS/content.opf", '<?xml version="1.0" encoding="utf-8"?><package version="3.0" '
-                   'xmlns="http://www.idpf.org/2007/opf"><metadata xmlns:dc="http://purl.org/dc/elements/1.1/">'
-                   '<dc:title>Translation server</dc:title><dc:language>en</dc:language><dc:identifier id="id">'
-                   'urn:uuid:1</dc:identifier></metadata><manifest><item id="c1" href="ch1.xhtml" '
-                   'media-type="application/xhtml+xml"/></manifest><spine><itemref idref="c1"/></spine></package>')
-        z.writestr("OEBPS/toc.ncx", '<?xml version="1.0" encoding="utf-8"?><ncx xmlns="http://www.daisy.org/z3986/'
-                   '2005/ncx/" version="2005-1"><navMap><navPoint id="n1"><navLabel><text>Open settings</text>'
-                   '</navLabel><content src="ch1.xhtml"/></navPoint></navMap></ncx>')
-        z.writestr("OEBPS/ch1.xhtml", chapter)
-        z.writestr("OEBPS/cover.png", b"\x89PNG\r\n\x1a\n\x00\x00binary")
-    return out.getvalue()
 
 
 def test_epub_pages_title_and_table_of_contents(client: TestClient) -> None:

@@ -11,7 +11,7 @@ from model import frozen, fused_encoder  # noqa: E402
 from model.frozen import FrozenTransformer, freeze  # noqa: E402
 from model.fused_encoder import FusedEncoder  # noqa: E402
 from model.generation import GenerationConfig  # noqa: E402
-from tests.test_fused_step import nets, released_decodes_as_kept  # noqa: E402
+from tests.helpers import nets, released_decodes_as_kept
 from tests.tiny import tiny_config, tiny_model  # noqa: E402
 
 SHORT = [[5, 9, 14, 22, 7, 2], [30, 2], [40, 41, 42, 2]]

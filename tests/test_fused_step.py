@@ -43,24 +43,8 @@ from model.kernels import (  # noqa: E402
 )
 from model.projection import Projection  # noqa: E402
 from model.search import generate  # noqa: E402
-from tests.test_int8_ranges import quantized  # noqa: E402
+from tests.helpers import SOURCE_IDS, nets, quantized, released_decodes_as_kept
 from tests.tiny import tiny_config, tiny_model  # noqa: E402
-
-SOURCES = [[5, 9, 14, 22, 7, 2], [30, 2], [11, 12, 13, 14, 15, 16, 17, 18, 19, 2], [40, 41, 42, 2], [8, 60, 2]]
-
-
-def nets(dtype: str, **changes: object) -> tuple[FrozenTransformer, FrozenTransformer]:
-    """The same tiny model frozen with and without the fused step; int8 with input ranges measured on SOURCES."""
-    model = tiny_model(tiny_config(**changes))
-    if dtype == "int8":
-        ranges = calibrate.measure(freeze(model, fused=False), SOURCES, GenerationConfig(max_new_tokens=12))
-        model = quantize_int8(model)
-    fused, plain = freeze(model), freeze(model, fused=False)
-    if dtype == "int8":
-        calibrate.apply(fused, ranges)
-        calibrate.apply(plain, ranges)
-    assert fused.fused is not None and fused.fused.ready() and plain.fused is None
-    return fused, plain
 
 
 def steps(net: FrozenTransformer, count: int) -> list[torch.Tensor]:
@@ -70,10 +54,10 @@ def steps(net: FrozenTransformer, count: int) -> list[torch.Tensor]:
     config = GenerationConfig(max_new_tokens=16, min_new_tokens=16)
     out = []
     with torch.inference_mode():
-        batch.admit([((0, i), SOURCES[i], config) for i in range(3)])
+        batch.admit([((0, i), SOURCE_IDS[i], config) for i in range(3)])
         for n in range(count):
             if n == 2:
-                batch.admit([((0, i), SOURCES[i], config) for i in range(3, 5)])
+                batch.admit([((0, i), SOURCE_IDS[i], config) for i in range(3, 5)])
             logits, _ = batch.forward()
             out.append(logits.clone())
             batch.record(logits.argmax(-1))
@@ -101,7 +85,7 @@ def test_fused_greedy_and_beam_give_the_operator_steps_tokens(dtype: str) -> Non
     fused, plain = nets(dtype, norm="pre", activation="relu")
     for config in (GenerationConfig(max_new_tokens=12), GenerationConfig(max_new_tokens=12, beam_size=3)):
         with torch.inference_mode():
-            a, b = generate(fused, SOURCES, config, max_rows=8), generate(plain, SOURCES, config, max_rows=8)
+            a, b = generate(fused, SOURCE_IDS, config, max_rows=8), generate(plain, SOURCE_IDS, config, max_rows=8)
         assert [h[0].tokens for h in a] == [h[0].tokens for h in b]
 
 
@@ -112,8 +96,8 @@ def test_a_row_is_the_same_alone_and_in_any_batch(dtype: str) -> None:
     fused, _ = nets(dtype, norm="pre", activation="relu")
     config = GenerationConfig(max_new_tokens=12)
     with torch.inference_mode():
-        together = generate(fused, SOURCES, config, max_rows=8)
-        alone = [generate(fused, [s], config, max_rows=1)[0] for s in SOURCES]
+        together = generate(fused, SOURCE_IDS, config, max_rows=8)
+        alone = [generate(fused, [s], config, max_rows=1)[0] for s in SOURCE_IDS]
     assert [(h[0].tokens, h[0].score) for h in together] == [(h[0].tokens, h[0].score) for h in alone]
 
 
@@ -130,7 +114,7 @@ def test_a_step_cut_over_threads_equals_the_step_in_one_run(dtype: str, monkeypa
         net = nets(dtype, norm="pre", activation="relu")[0]
     fused = net.fused
     assert fused is not None and fused.ready()
-    sources = [*SOURCES, [3, 4, 5, 2], [9, 2]]
+    sources = [*SOURCE_IDS, [3, 4, 5, 2], [9, 2]]
     threads = torch.get_num_threads()
     torch.set_num_threads(2)
     try:
@@ -178,7 +162,7 @@ def test_a_one_row_step_in_parts_equals_it_in_one_run(monkeypatch: pytest.Monkey
             monkeypatch.setattr(fused, "parts_max_rows", parts)
             torch.set_num_threads(2)
             with torch.inference_mode():
-                results.append([(h[0].tokens, h[0].score) for s in SOURCES
+                results.append([(h[0].tokens, h[0].score) for s in SOURCE_IDS
                                 for h in generate(fused_net, [s], config, max_rows=1)])
     finally:
         torch.set_num_threads(threads)
@@ -196,13 +180,13 @@ def test_generate_from_threads_at_once_decodes_as_one_after_another() -> None:
     torch.set_num_threads(2)
     try:
         expected = [[(h.tokens, h.score) for h in generate(net, [s], c, max_rows=3)[0]] for c in configs
-                    for s in SOURCES]
+                    for s in SOURCE_IDS]
         got: dict[int, list[tuple[list[int], float]]] = {}
 
         def work(c: int) -> None:
             for _ in range(5):
-                for i, s in enumerate(SOURCES):
-                    got[c * len(SOURCES) + i] = [(h.tokens, h.score) for h in generate(net, [s], configs[c],
+                for i, s in enumerate(SOURCE_IDS):
+                    got[c * len(SOURCE_IDS) + i] = [(h.tokens, h.score) for h in generate(net, [s], configs[c],
                                                                                       max_rows=3)[0]]
 
         callers = [threading.Thread(target=work, args=(c,), daemon=True) for c in range(2)]
@@ -327,22 +311,6 @@ def test_large_models_decode_fused_with_their_weights_once(dtype: str, monkeypat
     assert net.release_operator_decoder() and not net.operator_decoder and fused.takes(1000) and fused.ready()
     released_decodes_as_kept(net, plain, (GenerationConfig(max_new_tokens=12), GenerationConfig(
         max_new_tokens=12, beam_size=3), GenerationConfig(max_new_tokens=12, alignment=True)))
-
-
-def released_decodes_as_kept(net: FrozenTransformer, plain: FrozenTransformer,
-                             configs: tuple[GenerationConfig, ...]) -> None:
-    """A network whose operator weights were released (`release_operator_decoder`, `release_operator_encoder`)
-    gives the tokens of one that kept them, and refuses calibration, which observes the operator products, with a
-    clear error instead of reading weights that are gone."""
-    for config in configs:
-        with torch.inference_mode():
-            a, b = generate(net, SOURCES, config, max_rows=12), generate(plain, SOURCES, config, max_rows=12)
-        assert [h[0].tokens for h in a] == [h[0].tokens for h in b]
-    for p in net.projections().values():
-        p.observed = torch.full((2,), math.inf)
-    net.products_changed()
-    with pytest.raises(RuntimeError, match="released"), torch.inference_mode():
-        generate(net, SOURCES[:1], configs[0])
 
 
 TEXTS = ["Open the file.", "Save changes before closing.", "Disk full.", "Select all copy paste undo.",
@@ -555,7 +523,7 @@ def test_steps_never_read_the_cache_beyond_each_rows_length(dtype: str) -> None:
                     batch.cache.self_kv.fill_(math.nan)
                     batch.cache.cross_kv.fill_(math.nan)
                 with torch.inference_mode():
-                    runs.append([(h[0].tokens, h[0].score) for h in generate(net, SOURCES * 2, config, batch=batch)])
+                    runs.append([(h[0].tokens, h[0].score) for h in generate(net, SOURCE_IDS * 2, config, batch=batch)])
             assert runs[0] == runs[1]
 
 
@@ -583,7 +551,7 @@ def test_tied_tables_are_read_from_the_packed_output_projection(dtype: str, monk
     rows8 = dtype == "rows8"
     if dtype == "int8":
         model = tiny_model(cfg)
-        ranges = calibrate.measure(freeze(model, fused=False), SOURCES, GenerationConfig(max_new_tokens=12))
+        ranges = calibrate.measure(freeze(model, fused=False), SOURCE_IDS, GenerationConfig(max_new_tokens=12))
         model = quantize_int8(model)
         net, plain = freeze(model), freeze(model, fused=False)
         calibrate.apply(net, ranges)
@@ -620,7 +588,7 @@ def test_tied_tables_are_read_from_the_packed_output_projection(dtype: str, monk
     assert model.src_embed.weight.numel() == 0 and model.tgt_embed.weight.numel() == 0
     for config in (GenerationConfig(max_new_tokens=12), GenerationConfig(max_new_tokens=12, beam_size=3)):
         with torch.inference_mode():
-            a, b = generate(net, SOURCES, config, max_rows=12), generate(plain, SOURCES, config, max_rows=12)
+            a, b = generate(net, SOURCE_IDS, config, max_rows=12), generate(plain, SOURCE_IDS, config, max_rows=12)
         assert [h[0].tokens for h in a] == [h[0].tokens for h in b]
 
 
@@ -699,7 +667,7 @@ def test_steps_write_into_the_caches_buffers_and_decode_step_returns_its_own(dty
     batch = DecodeBatch(fused, 8, 12, 16)
     config = GenerationConfig(max_new_tokens=16, min_new_tokens=16)
     with torch.inference_mode():
-        batch.admit([((0, i), SOURCES[i], config) for i in range(3)])
+        batch.admit([((0, i), SOURCE_IDS[i], config) for i in range(3)])
         first, _ = batch.forward()
         kept = first.clone()
         batch.record(first.argmax(-1))
@@ -708,7 +676,7 @@ def test_steps_write_into_the_caches_buffers_and_decode_step_returns_its_own(dty
         assert second.data_ptr() == first.data_ptr() == kept_with_cache.data_ptr()
         assert not torch.equal(second, kept)  # the next step's numbers, in the same memory
         cache = fused.new_cache(2, 12, 8)
-        cache.admit(0, *fused.encode_cross(torch.tensor([SOURCES[0], SOURCES[3] + [0, 0]])))
+        cache.admit(0, *fused.encode_cross(torch.tensor([SOURCE_IDS[0], SOURCE_IDS[3] + [0, 0]])))
         a = fused.decode_step(torch.tensor([1, 1]), cache)
         b = fused.decode_step(torch.tensor([5, 6]), cache)
         assert a.data_ptr() != b.data_ptr() and not torch.equal(a, b)

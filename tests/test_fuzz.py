@@ -14,7 +14,7 @@ import os
 import random
 import time
 from collections import Counter
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator
 from html import escape
 from html.parser import HTMLParser
 from pathlib import Path
@@ -31,16 +31,16 @@ from schemathesis import Case
 
 from model.checkpoint import LoadedModel
 from model.events import Hypothesis
-from model.tokenizer import REPLACEMENT, IncrementalDetokenizer, Tokenizer
+from model.tokenizer import REPLACEMENT, Tokenizer
 from server.app import create_app
 from server.errors import from_validation
-from server.plan import Plan, join, make_plan
+from server.plan import join, make_plan
 from server.schemas import GenerationOptions, SettingsUpdate, TranslateRequest
 from server.settings import Settings
 from server.stream import TextStream
 from server.text import Sentence, fit, split_html, split_text
+from tests.helpers import CHARS, identity, server_settings, tags
 from tests.live import live_server
-from tests.test_server_api import server_settings, tags
 
 SEED = 8  # one seed for every generator here: the same cases on every run
 SCALE = int(os.environ.get("TOLK_FUZZ_SCALE", "1"))
@@ -230,39 +230,6 @@ def test_fit_pieces_fit_and_join_back(sentence: str, limit: int) -> None:
     parts = fit(sentence, lambda s: len(s) > limit)
     assert joined(parts) == sentence
     assert all(0 < len(p.text) <= limit and p.text == p.text.strip() for p in parts if isinstance(p, Sentence))
-
-
-class CharTokenizer:
-    """One token per character (its code point): decoding is exact, so a plan can be joined back by hand."""
-
-    def encode(self, text: str) -> list[int]:
-        return [ord(c) for c in text]
-
-    def decode(self, ids: list[int], unknowns: Mapping[int, str] | None = None) -> str:
-        """(No id is an unknown token here, so `unknowns` changes nothing.)"""
-        return "".join(map(chr, ids))
-
-    def detokenizer(self) -> IncrementalDetokenizer:
-        return IncrementalDetokenizer(cast(Tokenizer, self))
-
-    def writes(self, char: str) -> bool:
-        return True
-
-    def source_words(self, ids: list[int]) -> list[int]:
-        """A word starts at each space, as at each SentencePiece piece that starts with U+2581."""
-        out, word = [], -1
-        for i in ids:
-            word += chr(i).isspace() or word < 0
-            out.append(word)
-        return out
-
-
-CHARS = cast(Tokenizer, CharTokenizer())
-
-
-def identity(plan: Plan) -> dict[int, Hypothesis]:
-    """Each sentence 'translated' into itself, each character aligned with itself."""
-    return {s: Hypothesis(ids, 0.0, "eos", list(range(len(ids)))) for s, ids in enumerate(plan.sources)}
 
 
 @budget(300)

@@ -13,7 +13,7 @@ from model import checkpoint
 from server.app import create_app
 from server.errors import InvalidRequest
 from server.glossaries import Glossary, GlossaryInfo, GlossaryLimit, parse_entries, target_ids
-from tests.test_server_api import parse_sse, server_settings
+from tests.helpers import parse_sse, server_settings
 
 ENTRIES = "file\tarquivo\nsettings window\tjanela de configurações\nsave\tsalvar\n"
 

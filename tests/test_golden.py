@@ -9,6 +9,7 @@ import pytest
 from model import checkpoint
 from model.search import generate
 from server.plan import join, make_plan
+from tests.helpers import server_settings
 
 WEIGHTS = Path(__file__).resolve().parents[1] / "weights"
 SHIPPED = WEIGHTS / "en-pt"
@@ -104,7 +105,6 @@ def test_alternatives_of_the_shipped_model_differ() -> None:
     from fastapi.testclient import TestClient
 
     from server.app import create_app
-    from tests.test_server_api import server_settings
 
     texts = ["Open the file.", "Delete", "Save changes before closing?"]
     with TestClient(create_app(server_settings(SHIPPED, scheduler_process=False))) as client:

@@ -23,9 +23,7 @@ from server.documents.archive import Entry, Limits, read_zip, write_zip
 from server.documents.office import read_docx
 from server.documents.workers import FileWorkers
 from server.errors import EmptyText, InvalidDocument, Overloaded, PayloadTooLarge
-from tests.test_files import make_epub
-from tests.test_security import PARAGRAPH, W, word, zipped
-from tests.test_server_api import server_settings
+from tests.helpers import PARAGRAPH, W, make_epub, server_settings, word, zipped
 
 NODES = 5000  # the markup budget of the test server: elements and attributes of one file
 

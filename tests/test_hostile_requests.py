@@ -13,8 +13,8 @@ import pytest
 from fastapi.testclient import TestClient
 
 from server.app import create_app
+from tests.helpers import server_settings
 from tests.live import live_server
-from tests.test_server_api import server_settings
 
 LONG = {"q": "Open the file.", "source": "en", "target": "pt", "min_new_tokens": 100, "max_new_tokens": 100}
 

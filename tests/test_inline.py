@@ -8,8 +8,7 @@ from model.events import Hypothesis
 from server import inline
 from server.plan import Plan, join, make_plan
 from server.text import split_html
-from tests.test_fuzz import CHARS, identity
-from tests.test_server_api import tags
+from tests.helpers import CHARS, identity, tags
 
 
 def well_nested(document: str) -> bool:

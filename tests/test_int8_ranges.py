@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 import shutil
 from pathlib import Path
-from typing import Any
 
 import pytest
 import torch
@@ -15,16 +14,8 @@ from model import calibrate, checkpoint
 from model.generation import GenerationConfig
 from model.projection import Projection
 from model.search import generate
-from tests.test_server_batching import assert_requests_under_load_equal_each_alone
+from tests.helpers import MIXED, assert_requests_under_load_equal_each_alone, quantized
 from tests.tiny import corpus_lines
-
-# Sentences of very different lengths and words, so that batch-wide activation scales would differ from each one's own
-MIXED = ["Open the file.", "Save changes before closing the settings window, then click here to continue.", "Error",
-         "Disk full.", "ação não configurações arquivo salvar translation server language model."]
-
-
-def quantized(linear: nn.Linear) -> Any:
-    return torch.ao.quantization.quantize_dynamic(nn.Sequential(linear), {nn.Linear}, dtype=torch.qint8)[0]
 
 
 def calibrated_copy(model_dir: Path, destination: Path) -> Path:

@@ -25,8 +25,7 @@ from model.kernels import (  # noqa: E402
 )
 from model.projection import Int8Table, Rows8  # noqa: E402
 from model.search import generate  # noqa: E402
-from tests.test_int8_ranges import MIXED  # noqa: E402
-from tests.test_server_batching import assert_requests_under_load_equal_each_alone  # noqa: E402
+from tests.helpers import MIXED, assert_requests_under_load_equal_each_alone
 
 
 def written_out(x: np.ndarray, w: np.ndarray, bias: np.ndarray) -> np.ndarray:

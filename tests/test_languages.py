@@ -10,7 +10,7 @@ import pytest
 from fastapi.testclient import TestClient
 
 from server.languages import match, standard
-from tests.test_server_batching import app_client
+from tests.helpers import app_client
 
 
 @pytest.mark.parametrize(("code", "served", "expected"), [

@@ -15,7 +15,7 @@ import pytest
 from fastapi.testclient import TestClient
 
 from server.app import create_app
-from tests.test_server_api import server_settings
+from tests.helpers import server_settings
 
 KEY = "libre-key"
 TEXTS = ["Open the file.", "Save changes before closing."]

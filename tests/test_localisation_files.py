@@ -20,10 +20,7 @@ from lxml import etree
 from server.app import create_app
 from server.documents.gettext import put_accelerator, strip_accelerator
 from server.documents.xliff import XLIFF_12, XLIFF_20
-from tests.test_files import translate_file, upload
-from tests.test_pivot import relabelled
-from tests.test_placeholders import kept
-from tests.test_server_api import server_settings
+from tests.helpers import kept, relabelled, server_settings, translate_file, upload
 
 PO_MEDIA = "text/x-gettext-translation; charset=utf-8"
 XLIFF_MEDIA = "application/xliff+xml"

@@ -14,8 +14,8 @@ import pytest
 
 from server.app import create_app
 from server.logs import scrub
+from tests.helpers import server_settings
 from tests.live import live_server
-from tests.test_server_api import server_settings
 
 KEY = "k3y-Zanzibarquux"
 TEXT = "Quuxfrobnicated payroll"

@@ -15,7 +15,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import sentencepiece as spm
 import torch
 from safetensors.torch import load_file, save_file
 
@@ -23,135 +22,18 @@ from model import argos, checkpoint, marian, marian_export, marian_format
 from model.layers import sinusoidal_table
 from model.marian_format import UnsupportedCheckpoint
 from model.search import generate
+from tests.helpers import build_hf_dir, load_hf, sample_texts, server_settings, source_lines, target_lines
 from tests.tiny import corpus_lines, tiny_config
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")  # everything is local: never wait for a hub
 transformers = pytest.importorskip("transformers", reason="transformers is not installed (pip install -e '.[dev]')")
 
 LOGITS_ATOL = 1e-4  # float32; on the CPU both sides run the same kernels and the measured difference is 0.0
-LANG_CODES = (">>por<<", ">>spa<<")
-TRAIN_STEPS = 400  # at most; training stops once greedy outputs end at varied lengths
-
-
-def source_lines(n: int, seed: int) -> list[str]:
-    """Short sentences (at most 6 words), so that most translations end before the length limit."""
-    return [" ".join(line.split()[: 1 + i % 6]) for i, line in enumerate(corpus_lines(n, seed))]
-
-
-def target_lines(n: int, seed: int) -> list[str]:
-    """A made-up target language: the source words reversed, with a Portuguese-looking ending."""
-    return [" ".join(w[::-1] + "ão" for w in line.split()) for line in source_lines(n, seed)]
-
-
-def train_spm(directory: Path, name: str, lines: list[str], vocab_size: int) -> spm.SentencePieceProcessor:
-    """Marian's SentencePiece layout: <unk> 0, <s> 1, </s> 2, no pad."""
-    (directory / f"{name}.txt").write_text("\n".join(lines) + "\n", encoding="utf-8")
-    spm.SentencePieceTrainer.train(
-        input=str(directory / f"{name}.txt"), model_prefix=str(directory / name), vocab_size=vocab_size,
-        model_type="unigram", character_coverage=1.0, hard_vocab_limit=False, minloglevel=2,
-    )
-    return spm.SentencePieceProcessor(model_file=str(directory / f"{name}.model"))
-
-
-def marian_vocab(*models: spm.SentencePieceProcessor) -> list[str]:
-    """Marian's joint vocab.json: </s> 0, <unk> 1, the pieces of both sides, language codes, <pad> last."""
-    pieces = ["</s>", "<unk>"]
-    for sp in models:
-        for i in range(sp.get_piece_size()):
-            if not (sp.is_control(i) or sp.is_unknown(i)) and sp.id_to_piece(i) not in pieces:
-                pieces.append(sp.id_to_piece(i))
-    return pieces + list(LANG_CODES) + ["<pad>"]
-
-
-def randomize(model: Any, seed: int) -> None:
-    """Random weights large enough that the logits depend on every parameter (for logits-only checks)."""
-    torch.manual_seed(seed)
-    with torch.no_grad():
-        for name, p in model.named_parameters():
-            if "embed_positions" not in name:
-                p.normal_(1.0 if "norm.weight" in name else 0.0, 0.4 if p.dim() > 1 else 0.1)
-        model.final_logits_bias.normal_(0.0, 0.5)
-    model.eval()
-
-
-def train_briefly(model: Any, tokenizer: Any, max_steps: int) -> int:
-    """Adam steps on source -> made-up target pairs until greedy outputs end at varied lengths (seconds)."""
-    src, tgt = source_lines(256, 2), target_lines(256, 2)
-    opt = torch.optim.Adam(model.parameters(), lr=3e-3)
-    probe = tokenizer(sample_texts(), return_tensors="pt", padding=True)
-    for step in range(1, max_steps + 1):
-        model.train()
-        i = (step * 16) % 256
-        batch = tokenizer(src[i : i + 16], text_target=tgt[i : i + 16], return_tensors="pt", padding=True)
-        batch["labels"][batch["labels"] == model.config.pad_token_id] = -100
-        loss = model(**batch).loss
-        opt.zero_grad()
-        loss.backward()
-        opt.step()
-        with torch.no_grad():  # the decoder starts from <pad>'s zero row, as in every OPUS-MT checkpoint
-            model.get_decoder().embed_tokens.weight[model.config.pad_token_id] = 0.0
-        if step % 50 == 0:
-            with torch.no_grad():
-                out = model.eval().generate(**probe, num_beams=1, max_length=24)
-            if len({int(n) for n in (out == model.config.eos_token_id).int().argmax(1)}) >= 6:
-                break
-    model.eval()
-    return step
-
-
-def build_hf_dir(directory: Path, seed: int = 0, steps: int = TRAIN_STEPS, **changes: Any) -> Path:
-    """A Hugging Face Marian checkpoint directory, as Helsinki-NLP publishes them, with random weights."""
-    directory.mkdir(parents=True, exist_ok=True)
-    src = train_spm(directory, "source", source_lines(300, 0), 120)
-    tgt = train_spm(directory, "target", target_lines(300, 1), 120)
-    shutil.copyfile(directory / "source.model", directory / "source.spm")
-    shutil.copyfile(directory / "target.model", directory / "target.spm")
-    pieces = marian_vocab(src, tgt)
-    (directory / "vocab.json").write_text(json.dumps({p: i for i, p in enumerate(pieces)}), encoding="utf-8")
-    V, pad = len(pieces), len(pieces) - 1
-    settings: dict[str, Any] = dict(
-        vocab_size=V, decoder_vocab_size=V, d_model=32, encoder_layers=2, decoder_layers=2,
-        encoder_attention_heads=4, decoder_attention_heads=4, encoder_ffn_dim=64, decoder_ffn_dim=64,
-        max_position_embeddings=128, pad_token_id=pad, eos_token_id=0, forced_eos_token_id=0, bos_token_id=0,
-        decoder_start_token_id=pad, activation_function="swish", scale_embedding=True,
-        share_encoder_decoder_embeddings=True,
-    )
-    settings.update(changes)
-    torch.manual_seed(seed)
-    model = transformers.MarianMTModel(transformers.MarianConfig(**settings))
-    tokenizer = transformers.MarianTokenizer(
-        str(directory / "source.spm"), str(directory / "target.spm"), str(directory / "vocab.json"),
-        source_lang="en", target_lang="pt",
-    )
-    if steps:
-        with torch.no_grad():
-            model.get_decoder().embed_tokens.weight[pad] = 0.0
-        train_briefly(model, tokenizer, steps)
-    else:
-        randomize(model, seed)
-    model.generation_config = transformers.GenerationConfig(
-        bad_words_ids=[[pad]], bos_token_id=0, decoder_start_token_id=pad, eos_token_id=0, forced_eos_token_id=0,
-        max_length=24, num_beams=4, pad_token_id=pad, renormalize_logits=True,
-    )
-    model.save_pretrained(directory)
-    tokenizer.save_pretrained(directory)
-    return directory
-
-
-def sample_texts(n: int = 36) -> list[str]:
-    lines = source_lines(n - 6, seed=7)
-    return lines + ["  Save   changes.  ", "Ação não é possível!", "Unknown zebra quartz 42 ∑.", "x",
-                    ">>por<< The file could not be opened.", ">>spa<< Open settings window."]
 
 
 @pytest.fixture(scope="module")
 def hf_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return build_hf_dir(tmp_path_factory.mktemp("hf") / "opus-mt-en-pt")
-
-
-def load_hf(directory: Path) -> tuple[Any, Any]:
-    model = transformers.MarianMTModel.from_pretrained(directory).eval()
-    return model, transformers.MarianTokenizer.from_pretrained(directory)
 
 
 @pytest.fixture(scope="module")
@@ -416,7 +298,6 @@ def test_the_server_answers_transformers_text(copying: tuple[Path, Any, Any]) ->
     from fastapi.testclient import TestClient
 
     from server.app import create_app
-    from tests.test_server_api import server_settings
 
     out, model, tokenizer = copying
     texts = source_lines(8, seed=9)

@@ -17,12 +17,13 @@ from model import checkpoint
 from model.beams import top_k
 from model.decode import DecodeBatch
 from model.events import FinishEvent, Hypothesis, SentenceKey, TokenEvent
-from model.frozen import FrozenTransformer, attend_one, freeze
+from model.frozen import attend_one, freeze
 from model.generation import GenerationConfig
 from model.layers import ACTIVATION_FUNCTIONS
 from model.projection import Projection
 from model.search import admissible, argmax, beam_search, generate, greedy, release_batch, sample, step
 from model.transformer import Transformer
+from tests.helpers import device_way_against_general_way, stepped_logits
 from tests.tiny import tiny_config, tiny_model
 
 SOURCES = ["Open the file.", "Save changes before closing the settings window.", "Error", "Click here to continue."]
@@ -51,17 +52,6 @@ def greedy_by_recomputation(model: Transformer, src: list[int], max_new: int) ->
                 break
             out.append(token)
     return out[1:]
-
-
-def stepped_logits(model: Transformer, src: torch.Tensor, tgt: torch.Tensor, prepack: bool = True,
-                   fused: bool = True) -> torch.Tensor:
-    """Logits (B, T, V) of the frozen network fed tgt one token per step through its KV cache."""
-    with torch.no_grad():
-        net = freeze(model, prepack=prepack, fused=fused)
-        cache = net.new_cache(rows=src.shape[0], max_src=src.shape[1], max_tgt=tgt.shape[1] + 2)
-        memory, mask = net.encode(src)
-        cache.admit(0, net.cross_kv(memory), mask)
-        return torch.stack([net.decode_step(tgt[:, t], cache) for t in range(tgt.shape[1])], 1)
 
 
 @pytest.mark.parametrize(("prepack", "fused"), [(True, True), (False, True), (True, False)])
@@ -384,42 +374,6 @@ def test_short_beam_step_gives_the_general_ways_hypotheses(loaded: checkpoint.Lo
         monkeypatch.setattr(model.search, "short_beam_step", counted)
         assert [[(h.tokens, h.score, h.finish_reason) for h in hyps] for hyps in short] == \
             [[(h.tokens, h.score, h.finish_reason) for h in hyps] for hyps in general]
-
-
-def device_way_against_general_way(net: FrozenTransformer, sources: list[list[int]],
-                                   monkeypatch: pytest.MonkeyPatch) -> None:
-    """`device_beam_step` (the choice, moves and record as tensors, one transfer up) against the general way: the
-    same hypotheses, scores and finish reasons bit for bit, with rows reused as sentences finish, end of sentence
-    held back, sentences running out of length, and a greedy row beside the beams (the general way then)."""
-    import model.beams
-    import model.search
-    taken: list[bool] = []
-    device_beam_step = model.beams.device_beam_step
-
-    def counted(batch: DecodeBatch, seqs: list) -> bool:
-        went = device_beam_step(batch, seqs)
-        taken.append(went)
-        return went
-
-    configs = [GenerationConfig(beam_size=3, num_hypotheses=3, max_new_tokens=16),
-               GenerationConfig(beam_size=4, num_hypotheses=2, max_new_tokens=6, length_penalty=0.6,
-                                min_new_tokens=3),
-               [GenerationConfig(beam_size=2, max_new_tokens=12)] * (len(sources) - 1)
-               + [GenerationConfig(max_new_tokens=3)]]
-    ended = 0
-    for config in configs:
-        monkeypatch.setattr(model.beams, "DEVICE_WAY_ON_CPU", True)
-        monkeypatch.setattr(model.beams, "device_beam_step", counted)
-        taken.clear()
-        device_way = generate(net, sources, config, max_rows=2 * 4)
-        assert taken and all(taken)
-        monkeypatch.setattr(model.search, "short_beam_step", lambda batch, seqs: False)
-        general = generate(net, sources, config, max_rows=2 * 4)
-        monkeypatch.undo()
-        assert [[(h.tokens, h.score, h.finish_reason) for h in hyps] for hyps in device_way] == \
-            [[(h.tokens, h.score, h.finish_reason) for h in hyps] for hyps in general]
-        ended += sum(h.finish_reason == "eos" for hyps in general for h in hyps)
-    assert ended, "some hypotheses should end with end of sentence"
 
 
 def test_device_beam_step_gives_the_general_ways_hypotheses(loaded: checkpoint.LoadedModel,

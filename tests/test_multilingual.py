@@ -17,7 +17,7 @@ from model import checkpoint
 from model.search import generate
 from server.app import create_app
 from server.placeholders import clean
-from tests.test_server_api import parse_sse, server_settings
+from tests.helpers import parse_sse, server_settings
 
 TOKENS = {">>por<<": "pt", ">>spa<<": "es"}
 TEXT = "Open the file before you save it."

@@ -15,8 +15,7 @@ from fastapi.testclient import TestClient
 from model.checkpoint import load
 from model.search import generate
 from server.app import create_app
-from tests.test_pivot import relabelled
-from tests.test_server_api import metric, server_settings
+from tests.helpers import metric, relabelled, server_settings
 
 PAIRS = [("en", "pt"), ("pt", "en"), ("en", "es")]
 

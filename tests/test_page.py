@@ -28,8 +28,8 @@ from model.search import steps
 from server import batcher
 from server.app import create_app
 from server.settings import Settings
+from tests.helpers import ES, renamed
 from tests.live import live_server
-from tests.test_detect import ES, renamed
 
 ROOT = Path(__file__).resolve().parents[1]
 STATIC = ROOT / "server" / "static"

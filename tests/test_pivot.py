@@ -3,8 +3,6 @@ English, whole and streamed, for a named source and for auto; /languages lists i
 
 from __future__ import annotations
 
-import json
-import shutil
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -13,18 +11,7 @@ import pytest
 from fastapi.testclient import TestClient
 
 from server.app import create_app
-from tests.test_server_api import parse_sse, server_settings
-
-
-def relabelled(model_dir: Path, directory: Path, source: str, target: str) -> Path:
-    """A copy of the tiny model, under directory, that says it translates source -> target (its weights do not
-    care)."""
-    out = directory / f"tiny-{source}-{target}"
-    shutil.copytree(model_dir, out)
-    info = json.loads((out / "info.json").read_text())
-    info.update(name=f"tiny-{source}-{target}", source_language=source, target_language=target)
-    (out / "info.json").write_text(json.dumps(info))
-    return out
+from tests.helpers import parse_sse, relabelled, server_settings
 
 
 @pytest.fixture(scope="module")

@@ -21,7 +21,7 @@ from hypothesis import strategies as st
 from server import masks
 from server import placeholders as ph
 from server.app import create_app
-from tests.test_server_api import parse_sse, server_settings
+from tests.helpers import kept, parse_sse, server_settings
 
 KINDS = {
     "printf": "Could not open %s: %d bytes, %.2f%% done, %zu left",
@@ -39,15 +39,6 @@ KINDS = {
     "path": "Copy /usr/share/tolk/model.bin to ~/models or C:\\Tolk\\models",
     "control": "Open\x02 the file\x1b now\x7f",
 }
-
-
-def counts(text: str, source: str) -> dict[str, tuple[int, int]]:
-    """Each placeholder text of source: (times in source, times in text)."""
-    return {p.text: (source.count(p.text), text.count(p.text)) for p in ph.find(source)}
-
-
-def kept(source: str, out: str) -> bool:
-    return all(a == b for a, b in counts(out, source).values())
 
 
 @pytest.mark.parametrize("kind", KINDS)

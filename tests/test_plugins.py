@@ -13,7 +13,7 @@ import pytest
 from fastapi.testclient import TestClient
 
 from server.app import create_app
-from tests.test_server_api import server_settings
+from tests.helpers import server_settings
 
 KEY = "plugin-key"
 TEXTS = ["Open the file.", "Save changes {0} before closing <b0></b0> the window.", "Click here to continue."]

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import json
 import shutil
-import socket
 import subprocess
 import time
 import urllib.parse
@@ -21,8 +20,8 @@ import pytest
 import yaml
 
 from server.app import create_app
+from tests.helpers import free_port, server_settings
 from tests.live import live_server
-from tests.test_server_api import server_settings
 
 ROOT = Path(__file__).resolve().parents[1]
 DASHBOARD = ROOT / "deploy" / "grafana" / "dashboards" / "tolk.json"
@@ -67,12 +66,6 @@ def adapter_query() -> str:
     series = rule["seriesQuery"].split("{")[0]
     return rule["metricsQuery"].replace("<<.Series>>", series).replace("<<.LabelMatchers>>", "") \
         .replace("<<.GroupBy>>", "model")
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def get(url: str) -> Any:

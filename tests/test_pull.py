@@ -16,7 +16,7 @@ import pytest
 from model import checkpoint, marian
 from model.pull import pull
 from server.cli import main as tolk
-from tests.test_marian import build_hf_dir
+from tests.helpers import build_hf_dir
 
 REPO = "Helsinki-NLP/opus-mt-en-pt"
 SHA = "0123456789abcdef0123456789abcdef01234567"

@@ -2,13 +2,10 @@
 
 from __future__ import annotations
 
-import io
 import logging
 import pickle
 import shutil
 import time
-import warnings
-import zipfile
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -20,7 +17,7 @@ from model import checkpoint, marian
 from server.app import create_app
 from server.registry import ServedModel
 from server.settings import Settings
-from tests.test_server_api import server_settings
+from tests.helpers import PARAGRAPH, hostile_files, server_settings, word
 
 BODY = {"q": "Open the file.", "source": "en", "target": "pt"}
 
@@ -129,97 +126,6 @@ def test_model_directories_are_never_unpickled(tiny_model_dir: Path, tmp_path: P
 
 
 # --- hostile files (POST /translate_file) -------------------------------------------------------------------
-
-W = 'xmlns:w="http://schemas.openxmlformats.org/wordprocessingml/2006/main"'
-PARAGRAPH = f'<w:document {W}><w:body><w:p><w:r><w:t>Open the file.</w:t></w:r></w:p></w:body></w:document>'
-LAUGHS = ('<?xml version="1.0"?><!DOCTYPE lolz [<!ENTITY lol "lol">'
-          + "".join(f'<!ENTITY lol{i} "{f"&lol{i - 1};" * 10 if i > 1 else "&lol;" * 10}">' for i in range(1, 10))
-          + f']><w:document {W}><w:body><w:p><w:r><w:t>&lol9;</w:t></w:r></w:p></w:body></w:document>')
-
-
-def zipped(entries: dict[str, bytes | str]) -> bytes:
-    out = io.BytesIO()
-    with zipfile.ZipFile(out, "w", zipfile.ZIP_DEFLATED) as z:
-        for name, data in entries.items():
-            z.writestr(name, data)
-    return out.getvalue()
-
-
-def word(document: str, **more: bytes | str) -> bytes:
-    """A minimal .docx: its content types and its document part (and more entries)."""
-    return zipped({"[Content_Types].xml": "<Types/>", "word/document.xml": document, **more})
-
-
-def patched(data: bytes, local: int, central: int, value: bytes) -> bytes:
-    """The archive with `value` written at one offset of every local header and one of every central record."""
-    out = bytearray(data)
-    for signature, offset in ((b"PK\x03\x04", local), (b"PK\x01\x02", central)):
-        at = out.find(signature)
-        while at >= 0:
-            out[at + offset:at + offset + len(value)] = value
-            at = out.find(signature, at + 4)
-    return bytes(out)
-
-
-def understated(data: bytes, size: int) -> bytes:
-    """The archive with every entry's declared size set to `size`."""
-    return patched(data, 22, 24, size.to_bytes(4, "little"))
-
-
-def encrypted(data: bytes) -> bytes:
-    """The archive with every entry marked as encrypted (bit 0 of its flags)."""
-    return patched(data, 6, 8, b"\x01\x00")
-
-
-def duplicated(data: bytes) -> bytes:
-    """The archive with a second word/document.xml (a reader could take either)."""
-    out = io.BytesIO(data)
-    with warnings.catch_warnings(), zipfile.ZipFile(out, "a") as z:
-        warnings.simplefilter("ignore")  # zipfile warns of the duplicate name: that is the point
-        z.writestr("word/document.xml", PARAGRAPH.replace("Open", "Close"))
-    return out.getvalue()
-
-
-def damaged(data: bytes) -> bytes:
-    """The archive with the start of its document part's compressed bytes overwritten (its directory intact)."""
-    at = data.find(b"word/document.xml") + len("word/document.xml")
-    return data[:at] + b"\xff" * 20 + data[at + 20:]
-
-
-def hostile_files(secret: Path) -> dict[str, tuple[str, bytes, int, str]]:
-    """case -> (file name, bytes, expected status, expected error_type), for a server with small file limits."""
-    xxe = (f'<?xml version="1.0"?><!DOCTYPE w:document [<!ENTITY s SYSTEM "file://{secret}">]><w:document {W}>'
-           '<w:body><w:p><w:r><w:t>&s;</w:t></w:r></w:p></w:body></w:document>')
-    nested = f'<w:document {W}><w:body>{"<w:sdt>" * 5000}{"</w:sdt>" * 5000}</w:body></w:document>'
-    bomb = word(PARAGRAPH, **{"word/media/zeros.bin": b"\0" * (2 << 20)})
-    epub = zipped({"mimetype": "application/epub+zip", "META-INF/container.xml": "<container/>"})
-    odt = zipped({"mimetype": "application/vnd.oasis.opendocument.text", "content.xml": LAUGHS})
-    return {
-        "zip bomb": ("bomb.docx", bomb, 413, "payload_too_large"),
-        "sizes that lie": ("lying.docx", understated(bomb, 100), 400, "invalid_document"),
-        "too many entries": ("many.docx", word(PARAGRAPH, **{f"e{i}": "" for i in range(60)}), 413,
-                             "payload_too_large"),
-        "external entity": ("xxe.docx", word(xxe), 400, "invalid_document"),
-        "billion laughs": ("laughs.docx", word(LAUGHS), 400, "invalid_document"),
-        "billion laughs in odt": ("laughs.odt", odt, 400, "invalid_document"),
-        "deep nesting": ("deep.docx", word(nested), 400, "invalid_document"),
-        "entry leaves its folder": ("escape.docx", word(PARAGRAPH, **{"../../evil.sh": "x"}), 400,
-                                    "invalid_document"),
-        "absolute entry": ("absolute.docx", word(PARAGRAPH, **{"/etc/evil": "x"}), 400, "invalid_document"),
-        "drive letter entry": ("drive.docx", word(PARAGRAPH, **{"C:/evil": "x"}), 400, "invalid_document"),
-        "backslash entry": ("backslash.docx", word(PARAGRAPH, **{"..\\evil": "x"}), 400, "invalid_document"),
-        "duplicate entry": ("twice.docx", duplicated(word(PARAGRAPH)), 400, "invalid_document"),
-        "encrypted entries": ("locked.docx", encrypted(word(PARAGRAPH)), 400, "invalid_document"),
-        "not a zip": ("text.docx", b"Open the file.", 400, "invalid_document"),
-        "another zip": ("book.docx", epub, 400, "invalid_document"),
-        "not xml": ("broken.docx", word("<w:document><w:body>"), 400, "invalid_document"),
-        "truncated": ("cut.docx", word(PARAGRAPH)[:-30], 400, "invalid_document"),
-        "damaged entry": ("damaged.docx", damaged(word(PARAGRAPH * 50)), 400, "invalid_document"),
-        "binary text": ("program.txt", b"\x7fELF\x02\x01\x01\0\0\0\0\0\0\0\0\0", 400, "invalid_document"),
-        "not utf-8": ("latin.txt", "café crème".encode("latin-1"), 400, "invalid_encoding"),
-        "oversized upload": ("big.txt", b"Open the file. " * 5000, 413, "payload_too_large"),
-        "too much text": ("long.txt", b"Open the file. " * 100, 413, "payload_too_large"),
-    }
 
 
 @pytest.fixture(scope="module")

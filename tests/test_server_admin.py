@@ -16,8 +16,7 @@ from server.app import create_app
 from server.cli import build_parser, main
 from server.registry import NoModels, model_dirs, serving_dtype
 from server.settings import Settings
-from tests.test_server_api import server_settings
-from tests.test_server_batching import offline
+from tests.helpers import offline, server_settings
 
 
 @pytest.fixture(scope="module")

@@ -2,9 +2,6 @@
 
 from __future__ import annotations
 
-import json
-import tempfile
-from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -13,63 +10,13 @@ import pytest
 from fastapi.testclient import TestClient
 
 from server.app import create_app
-from server.settings import Settings
-from server.text import split_html
-
-
-def parse_sse(body: str) -> list[tuple[str, Any]]:
-    """(event, data) pairs of a text/event-stream body; checks the framing as it goes."""
-    events = []
-    for block in body.split("\n\n"):
-        if not block.strip() or block.startswith(":"):
-            continue
-        fields = dict(line.split(": ", 1) for line in block.split("\n"))
-        assert set(fields) == {"event", "data"}, block
-        events.append((fields["event"], json.loads(fields["data"])))
-    return events
-
-
-def tags(document: str) -> Counter[str]:
-    return Counter(content for is_text, content in split_html(document) if not is_text)
-
-
-# Every test app's data directory lies under this one, removed when the test run ends (before, each app left a
-# directory in the system's temporary folder: some 150 a run).
-_DATA_ROOT = tempfile.TemporaryDirectory(prefix="tolk-test-data-")
-
-
-def server_settings(model_dir: Path, **changes: Any) -> Settings:
-    """Settings for a test app: the tiny model on the CPU in float32 (its answers are compared with the engine's
-    own), small limits, nothing read from the environment; the batcher in a child process, as users run it, unless
-    a test asks for it as a thread (`scheduler_process=False`) to look inside. The translation cache is off, so
-    that every request decodes (tests/test_cache.py turns it on)."""
-    # glossaries (SQLite) go to a directory of the test run, never into the checkout's data/server
-    data_dir = Path(tempfile.mkdtemp(prefix="app-", dir=_DATA_ROOT.name))
-    settings: dict[str, Any] = {"translation_cache_entries": 0, "device": "cpu", "dtype": "float32",
-                                "data_dir": data_dir, **changes}
-    return Settings(_env_file=None, models=[model_dir],  # type: ignore[call-arg]
-                    max_text_chars=2000, max_texts=8, max_body_bytes=64 * 1024, **settings)
-
+from tests.helpers import metric, parse_sse, server_settings, stream, tags, translate
 
 
 @pytest.fixture(scope="module")
 def client(tiny_model_dir: Path) -> Iterator[TestClient]:
     with TestClient(create_app(server_settings(tiny_model_dir))) as c:
         yield c
-
-
-def translate(client: TestClient, q: str | list[str], **fields: Any) -> Any:
-    r = client.post("/translate", json={"q": q, "source": "en", "target": "pt", **fields})
-    assert r.status_code == 200, r.text
-    return r.json()
-
-
-def stream(client: TestClient, q: str | list[str], **fields: Any) -> list[tuple[str, Any]]:
-    r = client.post("/translate/stream", json={"q": q, "source": "en", "target": "pt", **fields})
-    assert r.status_code == 200, r.text
-    assert r.headers["content-type"].startswith("text/event-stream")
-    assert r.headers["x-accel-buffering"] == "no"
-    return parse_sse(r.text)
 
 
 def test_info_endpoints(client: TestClient) -> None:
@@ -189,13 +136,6 @@ def test_stream_refusals_keep_their_status(client: TestClient) -> None:
     assert r.status_code == 400 and r.json()["error_type"] == "empty_text"
     r = client.get("/translate/stream", params={"q": "hi", "target": "pt", "beam_size": "0"})
     assert r.status_code == 422 and r.json()["error_type"] == "invalid_settings"
-
-
-def metric(client: TestClient, line_start: str) -> float:
-    for line in client.get("/metrics").text.splitlines():
-        if line.startswith(line_start):
-            return float(line.rsplit(" ", 1)[1])
-    return 0.0
 
 
 def test_metrics_move(client: TestClient) -> None:

@@ -5,9 +5,8 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Callable, Iterator, MutableMapping
+from collections.abc import Iterator, MutableMapping
 from concurrent.futures import ThreadPoolExecutor
-from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -16,111 +15,36 @@ import pytest
 from fastapi import FastAPI
 from fastapi.testclient import TestClient
 
-from model.checkpoint import LoadedModel, load
-from model.decode import DecodeBatch
+from model.checkpoint import LoadedModel
 from model.events import FinishEvent
 from model.search import generate
-from server.app import create_app
-from server.batcher import Batcher
 from server.errors import Overloaded, ShuttingDown
-from server.limits import source_limit
-from server.messages import Target
-from server.metrics import Metrics
 from server.plan import TextDone, Translation, make_plan
 from server.scheduler import Scheduler
-from server.settings import Settings
-from server.transport import ThreadTransport
+from tests.helpers import (
+    LONG,
+    REQUESTS,
+    app_client,
+    assert_requests_under_load_equal_each_alone,
+    batch_of,
+    finished_sentences,
+    idle,
+    metric,
+    offline,
+    parse_sse,
+    scheduler_of,
+    server_settings,
+    slow_steps,
+    thread_scheduler,
+    wait_for,
+)
 from tests.live import live_server
-from tests.test_server_api import metric, parse_sse, server_settings
-
-LONG = {"q": "Open the file.", "target": "pt", "options": {"min_new_tokens": 40, "max_new_tokens": 40}}
-
-
-@contextmanager
-def app_client(model_dir: Path, **settings: Any) -> Iterator[TestClient]:
-    """A test app whose batcher is a thread of this process, so that the test can look inside it."""
-    with TestClient(create_app(server_settings(model_dir, **{"scheduler_process": False, **settings}))) as client:
-        yield client
-
-
-def scheduler_of(client: TestClient) -> Scheduler:
-    scheduler: Scheduler = client.app.state.registry.models[0].scheduler  # type: ignore[attr-defined]
-    return scheduler
-
-
-def thread_scheduler(loaded: LoadedModel, settings: Settings, metrics: Metrics | None = None) -> Scheduler:
-    """A scheduler (not started) whose batcher is a thread of this process, on an already loaded model."""
-    return Scheduler(Target("tiny", loaded.path, "cpu", loaded.dtype), settings, metrics or Metrics(),
-                     source_limit(settings, loaded.model.cfg.max_positions), ThreadTransport(loaded))
-
-
-def batcher_of(scheduler: Scheduler) -> Batcher:
-    transport = scheduler.transport
-    assert isinstance(transport, ThreadTransport) and transport.batcher is not None
-    return transport.batcher
-
-
-def batch_of(scheduler: Scheduler) -> DecodeBatch | None:
-    return batcher_of(scheduler).batch
-
-
-def idle(scheduler: Scheduler) -> bool:
-    batch = batch_of(scheduler)
-    return batch is not None and batch.n == 0
-
-
-@contextmanager
-def slow_steps(scheduler: Scheduler, seconds: float) -> Iterator[None]:
-    """Make each decode step last a little longer, so that a test can act while a request decodes."""
-    batch = batch_of(scheduler)
-    assert batch is not None
-    original = batch.forward
-
-    def forward(choose: bool = False) -> Any:
-        time.sleep(seconds)
-        return original(choose)
-
-    batch.forward = forward  # type: ignore[method-assign]
-    try:
-        yield
-    finally:
-        del batch.forward
-
-
-def wait_for(condition: Callable[[], bool], timeout: float = 10.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not condition():
-        assert time.monotonic() < deadline, "condition not reached in time"
-        time.sleep(0.005)
-
-
-def finished_sentences(client: TestClient) -> float:
-    """Sequences that ran to their end (cancelled ones never count here)."""
-    return metric(client, 'tolk_generated_tokens_total{model="tiny-en-pt",reason="length"}')
 
 
 @pytest.fixture(scope="module")
 def client(tiny_model_dir: Path) -> Iterator[TestClient]:
     with app_client(tiny_model_dir, max_batch_rows=16) as c:
         yield c
-
-
-def offline(loaded: LoadedModel, text: str, **options: Any) -> str:
-    """The engine alone: model.search.generate on this one sentence."""
-    (hyps,) = generate(loaded.net, [loaded.tokenizer.encode(text)], loaded.generation.update(**options))
-    return loaded.tokenizer.decode(hyps[0].tokens)
-
-
-REQUESTS: list[tuple[str, dict[str, Any]]] = [
-    ("Open the file.", {}),
-    ("Save changes before closing.", {"max_new_tokens": 7}),
-    ("The file could not be opened.", {"beam_size": 3}),
-    ("Disk full.", {"do_sample": True, "seed": 11, "top_k": 5}),
-    ("Select all copy paste undo.", {"repetition_penalty": 1.5}),
-    ("Click here to continue.", {"beam_size": 2, "length_penalty": 0.6}),
-    ("Error while reading.", {"min_new_tokens": 10}),
-    ("Translation server language model.", {"no_repeat_ngram_size": 2}),
-] * 2
 
 
 def test_concurrent_requests_equal_each_alone(client: TestClient, tiny_loaded: LoadedModel) -> None:
@@ -136,21 +60,6 @@ def test_concurrent_requests_equal_each_alone(client: TestClient, tiny_loaded: L
     assert together == [offline(tiny_loaded, text, **options) for text, options in REQUESTS]
     steps, single = metric(client, "tolk_batch_rows_count") - before[0], metric(client, rows_le_1) - before[1]
     assert single < steps  # some steps did decode several rows together
-
-
-def assert_requests_under_load_equal_each_alone(model_dir: Path, dtype: str) -> None:
-    """Concurrent requests through the server (its scheduler in a child process, as users run it) translate exactly
-    as the engine translates each alone, in this precision."""
-    loaded = load(model_dir, device="cpu", dtype=dtype)
-    with TestClient(create_app(server_settings(model_dir, dtype=dtype, max_batch_rows=16))) as c:
-        def post(item: tuple[str, dict[str, Any]]) -> str:
-            r = c.post("/translate", json={"q": item[0], "target": "pt", "options": item[1]})
-            assert r.status_code == 200, r.text
-            return str(r.json()["translatedText"])
-
-        with ThreadPoolExecutor(len(REQUESTS)) as pool:
-            together = list(pool.map(post, REQUESTS))
-    assert together == [offline(loaded, text, **options) for text, options in REQUESTS]
 
 
 def test_float16w_requests_under_load_equal_each_alone(tiny_model_dir: Path) -> None:

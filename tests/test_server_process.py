@@ -27,8 +27,7 @@ from server.messages import Target
 from server.metrics import Metrics
 from server.scheduler import Scheduler
 from server.transport import ProcessTransport
-from tests.test_server_api import metric, server_settings
-from tests.test_server_batching import wait_for
+from tests.helpers import metric, server_settings, wait_for
 
 TEXTS = ["Open the file.", "Save changes before closing.", "The file could not be opened.", "Disk full.",
          "Select all copy paste undo.", "Click here to continue."]

@@ -5,9 +5,6 @@ costs decoding, never a request. Uses a real redis-server, started here (.ci/run
 from __future__ import annotations
 
 import shutil
-import socket
-import subprocess
-import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -20,44 +17,12 @@ from model.events import FinishEvent, Hypothesis
 from model.generation import GenerationConfig
 from server.cache import cache_key
 from server.shared_cache import RedisCache, decode, encode, model_fingerprint
-from tests.test_cache import post, stream
-from tests.test_server_api import metric
-from tests.test_server_batching import app_client
+from tests.helpers import HIT, app_client, free_port, metric, stream_with, translate_with
 
 pytestmark = pytest.mark.skipif(shutil.which("redis-server") is None, reason="needs redis-server (Debian's "
                                 "redis-server package; .ci/run installs it)")
 
-HIT = 'tolk_translation_cache_total{model="tiny-en-pt",result="hit"}'
 ERROR = 'tolk_translation_cache_total{model="tiny-en-pt",result="error"}'
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-@pytest.fixture(scope="module")
-def redis_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    port = free_port()
-    server = subprocess.Popen(["redis-server", "--port", str(port), "--bind", "127.0.0.1", "--save", "",
-                               "--appendonly", "no", "--dir", str(tmp_path_factory.mktemp("redis"))],
-                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    url = f"redis://127.0.0.1:{port}/0"
-    client = redis.Redis.from_url(url)
-    deadline = time.monotonic() + 10
-    while True:
-        try:
-            client.ping()
-            break
-        except redis.ConnectionError:
-            if time.monotonic() > deadline:
-                server.kill()
-                raise
-            time.sleep(0.05)
-    yield url
-    server.terminate()
-    server.wait(10)
 
 
 @pytest.fixture
@@ -77,9 +42,9 @@ def test_a_replica_answers_what_another_decoded(replicas: tuple[TestClient, Test
                                                 uncached: TestClient) -> None:
     a, b = replicas
     texts, options = ["Open the settings window.", "The disk is full."], {"max_new_tokens": 12, "return_scores": True}
-    decoded = post(a, texts, **options)
+    decoded = translate_with(a, texts, **options)
     hits = metric(b, HIT)
-    assert post(b, texts, **options) == decoded == post(uncached, texts, **options)
+    assert translate_with(b, texts, **options) == decoded == translate_with(uncached, texts, **options)
     assert metric(b, HIT) == hits + 2
 
 
@@ -88,10 +53,10 @@ def test_a_streamed_repeat_from_another_replica_sends_the_events_of_a_decode(
         replicas: tuple[TestClient, TestClient], uncached: TestClient, options: dict[str, Any]) -> None:
     a, b = replicas
     text = "Save the file before closing."
-    post(a, text, **options)  # kept without token log-probs: not enough to stream greedy tokens
-    decoded = stream(a, text, **options)
+    translate_with(a, text, **options)  # kept without token log-probs: not enough to stream greedy tokens
+    decoded = stream_with(a, text, **options)
     hits = metric(b, HIT)
-    assert stream(b, text, **options) == decoded == stream(uncached, text, **options)
+    assert stream_with(b, text, **options) == decoded == stream_with(uncached, text, **options)
     assert metric(b, HIT) == hits + 1
 
 
@@ -115,6 +80,6 @@ def test_an_entry_is_never_replaced_by_one_that_answers_less(tiny_model_dir: Pat
 def test_redis_away_costs_decoding_not_requests(tiny_model_dir: Path) -> None:
     with app_client(tiny_model_dir, cache_url=f"redis://127.0.0.1:{free_port()}/0") as client:
         errors = metric(client, ERROR)
-        first = post(client, "Open the file.", max_new_tokens=8)
-        assert post(client, "Open the file.", max_new_tokens=8) == first
+        first = translate_with(client, "Open the file.", max_new_tokens=8)
+        assert translate_with(client, "Open the file.", max_new_tokens=8) == first
         assert metric(client, ERROR) == errors + 2  # both lookups failed, and said so

@@ -20,9 +20,8 @@ from model import checkpoint
 from server.app import create_app
 from server.jobs import Job
 from server.scheduler import Scheduler
+from tests.helpers import batcher_of, idle, server_settings, wait_for
 from tests.live import live_server
-from tests.test_server_api import server_settings
-from tests.test_server_batching import batcher_of, idle, wait_for
 
 CLIENTS = 48
 ROUNDS = 8

@@ -3,7 +3,6 @@ into, a sentence cut as before translates as before, and training starts from th
 
 from __future__ import annotations
 
-import random
 from pathlib import Path
 
 import pytest
@@ -13,17 +12,7 @@ import torch
 from model import checkpoint, source_vocab
 from model.search import greedy
 from server.cli import main as tolk
-from tests.test_train import write_corpus
-from tests.tiny import WORDS
-
-NEW_WORDS = "praia domingo paisagem chovendo neblina avós geleia".split()
-
-
-def write_text(path: Path) -> Path:
-    rng = random.Random(4)
-    lines = [" ".join(rng.choice(NEW_WORDS + WORDS) for _ in range(rng.randint(3, 10))) for _ in range(600)]
-    path.write_text("\n".join(lines) + "\n", encoding="utf-8")
-    return path
+from tests.helpers import TRAIN_COMMON, trained_copy, write_text
 
 
 @pytest.fixture(scope="module")
@@ -76,27 +65,6 @@ def test_a_sentence_cut_as_before_translates_as_before(tiny_model_dir: Path, ext
     changed = after.tokenizer.encode("Praia paisagem domingo.")
     assert changed != before.tokenizer.encode("Praia paisagem domingo.")
     assert max(changed) >= before.model.cfg.src_vocab_size
-
-
-TRAIN_COMMON = ("--arch", "tiny", "--device", "cpu", "--threads", "1", "--max-tokens", "256", "--eval-every", "1000",
-                "--source", "pt", "--target", "en")
-
-
-def trained_copy(tmp_path: Path) -> tuple[Path, Path]:
-    """A pt-en model of the tiny architecture trained by `tolk train` (2 steps) on write_corpus's corpus, and its copy
-    with a source vocabulary of its own: (corpus, copy)."""
-    from tests.tiny import train_spm
-
-    corpus, spm_path = write_corpus(tmp_path / "corpus"), train_spm(tmp_path / "spm")
-    common = ("--corpus", str(corpus), *TRAIN_COMMON)
-    first = tmp_path / "first"
-    assert tolk(["train", *common, "--spm", str(spm_path), "--run", str(first), "--max-steps", "2",
-                 "--save-every", "2"]) == 0
-    assert tolk(["train", *common, "--run", str(first), "--export", str(tmp_path / "model"), "--average", "1"]) == 0
-    ext = tmp_path / "extended"
-    assert tolk(["extend-source-vocab", str(tmp_path / "model"), str(ext), "--text", str(corpus / "train.pt"),
-                 str(write_text(tmp_path / "pt.txt")), "--vocab-size", "60", "--pieces", "30"]) == 0
-    return corpus, ext
 
 
 def test_a_run_starts_from_the_copy_and_exports_both_vocabularies(tmp_path: Path) -> None:

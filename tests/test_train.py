@@ -17,24 +17,9 @@ from model import checkpoint, evaluate, train
 from model.buckets import make_batches
 from model.search import greedy
 from model.transformer import Transformer
-from tests.tiny import corpus_lines
+from tests.helpers import write_corpus
 
 TEXTS = ["Open the file.", "Save changes before closing the window.", "Disk full."]
-WORDS_PT = {"the": "o", "file": "arquivo", "could": "pôde", "not": "não", "be": "ser", "opened": "aberto",
-            "save": "salvar", "changes": "alterações", "open": "abrir", "settings": "configurações",
-            "window": "janela", "error": "erro", "disk": "disco", "full": "cheio", "copy": "copiar"}
-
-
-def write_corpus(directory: Path, n: int = 300) -> Path:
-    """A synthetic parallel corpus: train/dev/test .en and .pt, the Portuguese side word by word."""
-    directory.mkdir(parents=True, exist_ok=True)
-    en = corpus_lines(n, seed=3)
-    pt = [" ".join(WORDS_PT.get(w.lower(), w) for w in line.split()) for line in en]
-    cut = {"train": (0, n - 40), "dev": (n - 40, n - 20), "test": (n - 20, n)}
-    for split, (a, b) in cut.items():
-        (directory / f"{split}.en").write_text("\n".join(en[a:b]) + "\n", encoding="utf-8")
-        (directory / f"{split}.pt").write_text("\n".join(pt[a:b]) + "\n", encoding="utf-8")
-    return directory
 
 
 def train_args(*argv: str) -> argparse.Namespace:

@@ -9,7 +9,7 @@ import sys
 from pathlib import Path
 
 from model import checkpoint
-from tests.test_train import write_corpus
+from tests.helpers import trained_copy, write_corpus
 
 REPO = Path(__file__).resolve().parents[1]
 SCRIPT = REPO / "bench" / "gpu" / "train.py"
@@ -52,7 +52,6 @@ def test_dry_run_start_status_collect_join(tmp_path: Path) -> None:
 def test_a_run_continues_a_model_whose_source_has_a_vocabulary_of_its_own(tmp_path: Path) -> None:
     """`start --init` with a model made by `tolk extend-source-vocab` (as the shipped pt-en is): the run trains on
     that model's two vocabularies, and the model it brings back has them."""
-    from tests.test_source_vocab import trained_copy
 
     corpus, ext = trained_copy(tmp_path)
     work, out = tmp_path / "work", tmp_path / "out"

@@ -4,24 +4,16 @@ of an uninterrupted one; changed arguments or input are refused, and bad input n
 
 from __future__ import annotations
 
-import contextlib
-import functools
-import io
 import json
 import os
-import random
 import shlex
 import shutil
-import signal
 import subprocess
 import sys
-import time
 import tomllib
 from pathlib import Path
-from typing import Any
 
 import pyarrow as pa
-import pyarrow.csv as pcsv
 import pyarrow.parquet as pq
 import pytest
 import redis
@@ -31,125 +23,25 @@ from packaging.requirements import Requirement
 from server import cli
 from server.datasets.formats import DatasetError, input_files, read_part
 from server.datasets.job import JobSpec, open_job
-from tests.test_cache import post
-from tests.test_server_api import metric
-from tests.test_server_batching import app_client
-from tests.test_shared_cache import HIT, redis_url  # noqa: F401 (its fixture, used by name)
-from tests.tiny import WORDS, corpus_lines
-
-ROOT = Path(__file__).resolve().parents[1]
-ROWS = 2000
-FORMATS = ("parquet", "jsonl", "csv")
-EXT = {"parquet": "parquet", "jsonl": "jsonl", "csv": "csv"}
-TOLK = [sys.executable, "-c", "import sys; from server.cli import main; sys.exit(main(sys.argv[1:]))"]
-
-
-def make_rows(n: int = ROWS, seed: int = 3) -> list[dict[str, Any]]:
-    """Rows of mixed lengths: repeats, null, empty and blank cells, several sentences, line breaks, placeholders,
-    a sentence longer than the model takes, a NUL (refused as the server refuses it), and columns that are not
-    text."""
-    rng = random.Random(seed)
-    base = corpus_lines(120, seed=11)
-    rows = []
-    for i in range(n):
-        r = rng.random()
-        if r < 0.05:
-            text: str | None = None
-        elif r < 0.09:
-            text = ""
-        elif r < 0.11:
-            text = "  "
-        elif r < 0.35:
-            text = base[rng.randrange(15)]  # the same few sentences, again and again
-        elif r < 0.45:
-            text = " ".join(rng.sample(base, rng.randint(2, 5)))
-        elif r < 0.52:
-            text = "\n".join(rng.sample(base, 3))
-        elif r < 0.54:
-            text = " ".join(rng.choice(WORDS) for _ in range(rng.randint(150, 300)))  # cut to fit 128 positions
-        elif r < 0.56:
-            text = f"Save {{0}} to %s before closing {rng.choice(base)}"
-        elif r < 0.57:
-            text = "Open the\x00file."
-        else:
-            text = rng.choice(base)
-        rows.append({"id": i, "text": text, "score": round(rng.random(), 6), "flag": rng.random() < 0.5,
-                     "tags": [rng.choice("abc") for _ in range(rng.randint(0, 2))]})
-    return rows
-
-
-def write_input(rows: list[dict[str, Any]], fmt: str, path: Path) -> Path:
-    """The rows as a file of the format (CSV without the list column, which CSV cannot hold)."""
-    if fmt == "parquet":
-        pq.write_table(pa.Table.from_pylist(rows), path, row_group_size=700)  # groups across blocks
-    elif fmt == "jsonl":
-        with open(path, "w") as f:
-            for row in rows:
-                f.write(json.dumps(row, ensure_ascii=False) + "\n")
-    else:
-        pcsv.write_csv(pa.Table.from_pylist([{k: v for k, v in r.items() if k != "tags"} for r in rows]), path)
-    return path
-
-
-def read_output(fmt: str, path: Path) -> list[dict[str, Any]]:
-    """An output file's rows, read by pyarrow or json alone (CSV: a cell empty without quotes is null)."""
-    if fmt == "parquet":
-        return pq.read_table(path).to_pylist()  # type: ignore[no-any-return]
-    if fmt == "jsonl":
-        return [json.loads(line) for line in path.read_text().split("\n") if line]
-    table = pcsv.read_csv(path, parse_options=pcsv.ParseOptions(newlines_in_values=True),
-                          convert_options=pcsv.ConvertOptions(strings_can_be_null=True,
-                                                              quoted_strings_can_be_null=False))
-    return table.to_pylist()  # type: ignore[no-any-return]
-
-
-@functools.cache
-def reference(model: Path, rows: int = ROWS) -> tuple[str, ...]:
-    """`tolk translate` of every line of every cell it can take, in order."""
-    return reference_of(model, tuple(line for row in make_rows(rows)
-                                     if isinstance(row["text"], str) and "\x00" not in row["text"]
-                                     for line in row["text"].split("\n")))
-
-
-def reference_of(model: Path, lines: tuple[str, ...]) -> tuple[str, ...]:
-    """`tolk translate` (float32, its default) of these lines."""
-    out = io.StringIO()
-    stdin = sys.stdin
-    try:
-        sys.stdin = io.StringIO("".join(f"{line}\n" for line in lines))
-        with contextlib.redirect_stdout(out):
-            assert cli.main(["translate", "--model", str(model), "--dtype", "float32"]) == 0
-    finally:
-        sys.stdin = stdin
-    translated = tuple(out.getvalue().split("\n")[:-1])
-    assert len(translated) == len(lines)
-    return translated
-
-
-def assert_translated(fmt: str, rows: list[dict[str, Any]], out: list[dict[str, Any]],
-                      expected: tuple[str, ...]) -> None:
-    """Row by row: the other columns as they were, each translation `tolk translate`'s lines joined by its newlines,
-    null cells null, NUL refused in the error column."""
-    assert len(out) == len(rows)
-    lines = iter(expected)
-    for row, got in zip(rows, out, strict=True):
-        kept = {k: v for k, v in got.items() if k not in ("text_pt", "text_pt_error")}
-        assert kept == ({k: v for k, v in row.items() if k != "tags"} if fmt == "csv" else row)
-        text = row["text"]
-        if text is None:
-            assert got["text_pt"] is None and got["text_pt_error"] is None
-        elif "\x00" in text:
-            assert got["text_pt"] is None and "U+0000" in got["text_pt_error"]
-        else:
-            assert got["text_pt_error"] is None
-            assert got["text_pt"].split("\n") == [next(lines) for _ in text.split("\n")], row
-    assert next(lines, None) is None
-
-
-def translate_dataset(source: Path, output: Path, model: Path, *more: str) -> int:
-    return cli.main(["translate-dataset", str(source), str(output), "--column", "text", "--source", "en",
-                     "--target", "pt", "--model", str(model), "--dtype", "float32", "--threads", "1", "--quiet",
-                     *more])
+from tests.helpers import (
+    EXT,
+    FORMATS,
+    HIT,
+    ROOT,
+    ROWS,
+    TOLK,
+    app_client,
+    assert_translated,
+    make_rows,
+    metric,
+    read_output,
+    reference,
+    reference_of,
+    run_killed,
+    translate_dataset,
+    translate_with,
+    write_input,
+)
 
 
 @pytest.fixture(scope="module")
@@ -181,20 +73,6 @@ def test_a_directory_of_parts_reads_as_the_one_file(inputs: dict[str, Path], tin
     assert_translated("parquet", make_rows(), pq.read_table(folder).to_pylist(), reference(tiny_model_dir))
     again = translate_dataset(inputs["parquet"], folder, tiny_model_dir, "--block-rows", "300")  # done: nothing to do
     assert again == 0 and len(list(folder.glob("part-*"))) == 7
-
-
-def run_killed(command: list[str], parts: Path, at_least: int) -> None:
-    """Start the command, SIGKILL it once `parts` holds at_least parts, and check it had not finished."""
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    process = subprocess.Popen(command, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-    deadline = time.monotonic() + 300
-    while len(list(parts.glob("part-*"))) < at_least:
-        assert process.poll() is None, process.stderr.read().decode() if process.stderr else ""
-        assert time.monotonic() < deadline
-        time.sleep(0.01)
-    process.send_signal(signal.SIGKILL)
-    process.wait()
-    assert process.returncode == -signal.SIGKILL
 
 
 def test_a_job_killed_midway_resumes_to_the_uninterrupted_output(inputs: dict[str, Path], tiny_model_dir: Path,
@@ -299,7 +177,6 @@ def test_a_json_value_that_is_not_text_is_that_row_s_error(tiny_model_dir: Path,
     assert [r["text_pt"] for r in out[::3]] == list(reference_of(tiny_model_dir, ("Save the file.", "Open it.")))
 
 
-
 @pytest.mark.skipif(shutil.which("redis-server") is None, reason="needs redis-server (Debian's redis-server package)")
 def test_jobs_and_servers_share_the_redis_translation_cache(inputs: dict[str, Path], tiny_model_dir: Path,
                                                             tmp_path: Path, request: pytest.FixtureRequest) -> None:
@@ -315,7 +192,7 @@ def test_jobs_and_servers_share_the_redis_translation_cache(inputs: dict[str, Pa
     row = next(r for r in read_output("jsonl", first) if r["text"] and r["text"].count(".") == 1)
     with app_client(tiny_model_dir, cache_url=url) as client:  # a server on the same model and Redis
         hits = metric(client, HIT)
-        assert post(client, row["text"])["translatedText"] == row["text_pt"]
+        assert translate_with(client, row["text"])["translatedText"] == row["text_pt"]
         assert metric(client, HIT) == hits + 1
 
 

@@ -19,7 +19,7 @@ import pytest
 ray = pytest.importorskip("ray", reason="needs Ray Data (pip install 'tolk[ray]')")
 
 from server.datasets import Translate  # noqa: E402
-from tests.test_translate_dataset import (  # noqa: E402
+from tests.helpers import (  # noqa: E402
     EXT,
     FORMATS,
     ROWS,

@@ -16,6 +16,7 @@ from model.search import generate
 from model.tokenizer import Tokenizer
 from server.plan import join, make_plan
 from server.stream import TextStream
+from tests.helpers import parse_sse, server_settings
 from tests.tiny import corpus_lines
 
 UNK = 3
@@ -121,7 +122,6 @@ def test_the_option_through_the_server_streams_what_it_answers(tiny_model_dir: P
     from fastapi.testclient import TestClient
 
     from server.app import create_app
-    from tests.test_server_api import parse_sse, server_settings
 
     body = {"q": "Open the file. Save it now.", "source": "en", "target": "pt", "options": {"beam_size": beam}}
     on = {**body, "options": {"beam_size": beam, "replace_unknowns": True}}

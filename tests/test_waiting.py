@@ -9,7 +9,7 @@ from model.checkpoint import LoadedModel
 from model.events import FinishEvent
 from server.jobs import Job
 from server.waiting import Pending, Waiting
-from tests.test_server_batching import app_client, scheduler_of, slow_steps
+from tests.helpers import app_client, scheduler_of, slow_steps
 
 
 def pending(request: int, n: int) -> list[Pending]:
