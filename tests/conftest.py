@@ -19,7 +19,10 @@ import torch  # noqa: E402
 # (model/native.py; tests/test_native.py builds its own)
 os.environ.setdefault("TOLK_KERNELS", "jit")
 
+from fastapi.testclient import TestClient  # noqa: E402
+
 from model import checkpoint  # noqa: E402
+from server.app import create_app  # noqa: E402
 from server.scheduler import Scheduler  # noqa: E402
 from tests.helpers import free_port, server_settings, thread_scheduler  # noqa: E402
 from tests.tiny import make_model_dir  # noqa: E402
@@ -70,6 +73,14 @@ def tiny_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 @pytest.fixture(scope="session")
 def tiny_loaded(tiny_model_dir: Path) -> checkpoint.LoadedModel:
     return checkpoint.load(tiny_model_dir, device="cpu")
+
+
+@pytest.fixture(scope="session")
+def served(tiny_model_dir: Path) -> Iterator[TestClient]:
+    """The default test app with its batcher in a child process, as users run it, started once for the session and
+    shared by the tests that only read: they translate, ask and get refused, and change no setting, key or file."""
+    with TestClient(create_app(server_settings(tiny_model_dir, scheduler_process=True))) as client:
+        yield client
 
 
 @pytest.fixture

@@ -98,13 +98,15 @@ _DATA_ROOT = tempfile.TemporaryDirectory(prefix="tolk-test-data-")
 
 def server_settings(model_dir: Path, **changes: Any) -> Settings:
     """Settings for a test app: the tiny model on the CPU in float32 (its answers are compared with the engine's
-    own), small limits, nothing read from the environment; the batcher in a child process, as users run it, unless
-    a test asks for it as a thread (`scheduler_process=False`) to look inside. The translation cache is off, so
-    that every request decodes (tests/test_cache.py turns it on)."""
+    own), small limits, nothing read from the environment. The batcher is a thread of the test process: a child
+    process costs seconds to start and stop, about 60 times a run. The tests where the child process matters (the
+    HTTP contract, the transport, requests under load, glossaries, resets, fuzzed options, live servers) ask for
+    it, as users run it, with `scheduler_process=True`. The translation cache is off, so that every request
+    decodes (tests/test_cache.py turns it on)."""
     # glossaries (SQLite) go to a directory of the test run, never into the checkout's data/server
     data_dir = Path(tempfile.mkdtemp(prefix="app-", dir=_DATA_ROOT.name))
     settings: dict[str, Any] = {"translation_cache_entries": 0, "device": "cpu", "dtype": "float32",
-                                "data_dir": data_dir, **changes}
+                                "data_dir": data_dir, "scheduler_process": False, **changes}
     return Settings(_env_file=None, models=[model_dir],  # type: ignore[call-arg]
                     max_text_chars=2000, max_texts=8, max_body_bytes=64 * 1024, **settings)
 
@@ -145,7 +147,7 @@ LONG = {"q": "Open the file.", "target": "pt", "options": {"min_new_tokens": 40,
 @contextmanager
 def app_client(model_dir: Path, **settings: Any) -> Iterator[TestClient]:
     """A test app whose batcher is a thread of this process, so that the test can look inside it."""
-    with TestClient(create_app(server_settings(model_dir, **{"scheduler_process": False, **settings}))) as client:
+    with TestClient(create_app(server_settings(model_dir, **settings))) as client:
         yield client
 
 
@@ -227,7 +229,8 @@ def assert_requests_under_load_equal_each_alone(model_dir: Path, dtype: str) -> 
     """Concurrent requests through the server (its scheduler in a child process, as users run it) translate exactly
     as the engine translates each alone, in this precision."""
     loaded = load(model_dir, device="cpu", dtype=dtype)
-    with TestClient(create_app(server_settings(model_dir, dtype=dtype, max_batch_rows=16))) as c:
+    settings = server_settings(model_dir, dtype=dtype, max_batch_rows=16, scheduler_process=True)
+    with TestClient(create_app(settings)) as c:
         def post(item: tuple[str, dict[str, Any]]) -> str:
             r = c.post("/translate", json={"q": item[0], "target": "pt", "options": item[1]})
             assert r.status_code == 200, r.text

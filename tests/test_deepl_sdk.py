@@ -31,7 +31,8 @@ TEXTS = ["Open the file.", "Save changes before closing the window."]
 @pytest.fixture(scope="module")
 def url(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     reverse = relabelled(tiny_model_dir, tmp_path_factory.mktemp("reverse"), "pt", "en")
-    settings = server_settings(tiny_model_dir, api_keys=[KEY]).model_copy(update={"models": [tiny_model_dir, reverse]})
+    settings = server_settings(tiny_model_dir, api_keys=[KEY], scheduler_process=True)
+    settings = settings.model_copy(update={"models": [tiny_model_dir, reverse]})
     with live_server(create_app(settings)) as base:
         yield base
 

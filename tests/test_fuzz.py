@@ -39,7 +39,7 @@ from server.schemas import GenerationOptions, SettingsUpdate, TranslateRequest
 from server.settings import Settings
 from server.stream import TextStream
 from server.text import Sentence, fit, split_html, split_text
-from tests.helpers import CHARS, identity, server_settings, tags
+from tests.helpers import CHARS, identity, tags
 from tests.live import live_server
 
 SEED = 8  # one seed for every generator here: the same cases on every run
@@ -373,10 +373,9 @@ def test_streamed_pieces_equal_the_full_decode(tiny_loaded: LoadedModel, vocab: 
 
 # --- hypothesis: generation options through the engine -----------------------------------------------------------
 
-@pytest.fixture(scope="module")
-def client(tiny_model_dir: Path) -> Iterator[TestClient]:
-    with TestClient(create_app(server_settings(tiny_model_dir))) as c:
-        yield c
+@pytest.fixture
+def client(served: TestClient) -> TestClient:
+    return served  # the session's shared app (conftest.py), its batcher in a child process: options cross over
 
 
 INT_EDGES = [-1, 0, 2**31, 2**63 - 1, 2**63, 2**64, -(2**63) - 1]  # int64's edges: a tensor holds what passes

@@ -26,7 +26,7 @@ def data_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 @pytest.fixture(scope="module")
 def client(tiny_model_dir: Path, data_dir: Path) -> Iterator[TestClient]:
     settings = server_settings(tiny_model_dir, data_dir=data_dir, max_glossary_entries=5, max_glossaries=4,
-                               max_glossary_term_chars=40)
+                               max_glossary_term_chars=40, scheduler_process=True)  # terms cross to the child
     with TestClient(create_app(settings)) as c:
         yield c
 

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import re
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
@@ -27,7 +26,7 @@ def requests_total(base: str, route: str, status: str) -> float:
 
 def test_a_stream_the_client_resets_counts_as_499(tiny_model_dir: Path) -> None:
     """Before: counted as 200, the status its headers carried."""
-    with live_server(create_app(server_settings(tiny_model_dir))) as base:
+    with live_server(create_app(server_settings(tiny_model_dir, scheduler_process=True))) as base:
         with httpx.Client(base_url=base, timeout=30) as client:
             for _ in range(3):
                 with client.stream("GET", "/translate/stream", params=LONG) as r:
@@ -42,10 +41,9 @@ def test_a_stream_the_client_resets_counts_as_499(tiny_model_dir: Path) -> None:
         assert requests_total(base, "/translate/stream", "200") == 1
 
 
-@pytest.fixture(scope="module")
-def client(tiny_model_dir: Path) -> Iterator[TestClient]:
-    with TestClient(create_app(server_settings(tiny_model_dir, scheduler_process=False))) as c:
-        yield c
+@pytest.fixture
+def client(served: TestClient) -> TestClient:
+    return served  # the session's shared app (conftest.py): these tests only read
 
 
 @pytest.mark.parametrize("body", [

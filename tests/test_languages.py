@@ -3,14 +3,10 @@ mean the model's pt; a regional variant finds its language; another language nev
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from pathlib import Path
-
 import pytest
 from fastapi.testclient import TestClient
 
 from server.languages import match, standard
-from tests.helpers import app_client
 
 
 @pytest.mark.parametrize(("code", "served", "expected"), [
@@ -27,10 +23,9 @@ def test_standard_tags() -> None:
     assert [standard(c) for c in ("pt_BR", "por", "pb", "EN", "zh-hans")] == ["pt-BR", "pt", "pt-BR", "en", "zh-Hans"]
 
 
-@pytest.fixture(scope="module")
-def client(tiny_model_dir: Path) -> Iterator[TestClient]:
-    with app_client(tiny_model_dir) as c:
-        yield c
+@pytest.fixture
+def client(served: TestClient) -> TestClient:
+    return served  # the session's shared app (conftest.py): these tests only read
 
 
 def translate(client: TestClient, source: str, target: str) -> tuple[int, dict[str, object]]:

@@ -28,10 +28,9 @@ def keyed(tiny_model_dir: Path) -> Iterator[TestClient]:
         yield c
 
 
-@pytest.fixture(scope="module")
-def open_server(tiny_model_dir: Path) -> Iterator[TestClient]:
-    with TestClient(create_app(server_settings(tiny_model_dir, scheduler_process=False))) as c:
-        yield c
+@pytest.fixture
+def open_server(served: TestClient) -> TestClient:
+    return served  # the session's shared app (conftest.py), without keys: these tests only read
 
 
 def ok(r: Any) -> Any:

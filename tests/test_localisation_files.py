@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import shutil
 import subprocess
-from collections.abc import Iterator
 from pathlib import Path
 
 import polib
@@ -75,10 +74,9 @@ MSGFMT = shutil.which("msgfmt")
 needs_msgfmt = pytest.mark.skipif(MSGFMT is None, reason="msgfmt (GNU gettext) is not installed: apt install gettext")
 
 
-@pytest.fixture(scope="module")
-def client(tiny_model_dir: Path) -> Iterator[TestClient]:
-    with TestClient(create_app(server_settings(tiny_model_dir))) as c:
-        yield c
+@pytest.fixture
+def client(served: TestClient) -> TestClient:
+    return served  # the session's shared app (conftest.py): these tests only read
 
 
 def translated_po(client: TestClient, name: str, text: str) -> polib.POFile:

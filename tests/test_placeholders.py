@@ -10,7 +10,6 @@ from __future__ import annotations
 import re
 import unicodedata
 from collections import Counter
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -20,8 +19,7 @@ from hypothesis import strategies as st
 
 from server import masks
 from server import placeholders as ph
-from server.app import create_app
-from tests.helpers import kept, parse_sse, server_settings
+from tests.helpers import kept, parse_sse
 
 KINDS = {
     "printf": "Could not open %s: %d bytes, %.2f%% done, %zu left",
@@ -199,10 +197,9 @@ def test_a_plain_sentence_keeps_only_what_streams(words: list[str]) -> None:
     assert out[:first] == wrote[:first]
 
 
-@pytest.fixture(scope="module")
-def client(tiny_model_dir: Path) -> Iterator[TestClient]:
-    with TestClient(create_app(server_settings(tiny_model_dir))) as c:
-        yield c
+@pytest.fixture
+def client(served: TestClient) -> TestClient:
+    return served  # the session's shared app (conftest.py): these tests only read
 
 
 def translate(client: TestClient, q: str | list[str], fmt: str = "text") -> object:

@@ -131,8 +131,7 @@ def test_plugins_need_the_key_when_the_server_has_keys(client: TestClient) -> No
     assert client.post("/language/translate/v2?key=wrong", json={"q": "Open.", "target": "pt"}).status_code == 403
 
 
-def test_without_keys_any_token_is_taken(tiny_model_dir: Path) -> None:
-    with TestClient(create_app(server_settings(tiny_model_dir, scheduler_process=False))) as c:
-        request = {"source_lang": "en", "target_lang": "pt", "text_list": [TEXTS[0]]}
-        assert ok(c.post("/immersive/translate?token=anything", json=request))["translations"][0]["text"]
-        assert ok(c.post("/deeplx/made-up/translate", json={"text": TEXTS[0], "target_lang": "PT"}))["data"]
+def test_without_keys_any_token_is_taken(served: TestClient) -> None:
+    request = {"source_lang": "en", "target_lang": "pt", "text_list": [TEXTS[0]]}
+    assert ok(served.post("/immersive/translate?token=anything", json=request))["translations"][0]["text"]
+    assert ok(served.post("/deeplx/made-up/translate", json={"text": TEXTS[0], "target_lang": "PT"}))["data"]

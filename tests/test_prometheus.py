@@ -94,7 +94,7 @@ def load(base: str) -> None:
 @pytest.fixture(scope="module")
 def prometheus(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     work = tmp_path_factory.mktemp("prometheus")
-    settings = server_settings(tiny_model_dir, translation_cache_entries=100)
+    settings = server_settings(tiny_model_dir, translation_cache_entries=100, scheduler_process=True)
     with live_server(create_app(settings)) as base:
         config = yaml.safe_load(CONFIG.read_text())
         config["global"]["scrape_interval"] = f"{SCRAPE_S}s"

@@ -64,10 +64,9 @@ def test_admin_changes_defaults(client: TestClient, tiny_loaded: LoadedModel) ->
     client.post("/settings", json={"defaults": {"max_new_tokens": 24}}, headers=admin)
 
 
-def test_settings_changes_are_refused_without_an_admin_key(tiny_model_dir: Path) -> None:
-    with TestClient(create_app(server_settings(tiny_model_dir))) as c:
-        r = c.post("/settings", json={"defaults": {"beam_size": 2}}, headers={"Authorization": "Bearer x"})
-        assert (r.status_code, r.json()["error_type"]) == (403, "forbidden")
+def test_settings_changes_are_refused_without_an_admin_key(served: TestClient) -> None:
+    r = served.post("/settings", json={"defaults": {"beam_size": 2}}, headers={"Authorization": "Bearer x"})
+    assert (r.status_code, r.json()["error_type"]) == (403, "forbidden")
 
 
 def test_cors_only_for_configured_origins(client: TestClient) -> None:

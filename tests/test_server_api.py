@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -13,10 +12,9 @@ from server.app import create_app
 from tests.helpers import metric, parse_sse, server_settings, stream, tags, translate
 
 
-@pytest.fixture(scope="module")
-def client(tiny_model_dir: Path) -> Iterator[TestClient]:
-    with TestClient(create_app(server_settings(tiny_model_dir))) as c:
-        yield c
+@pytest.fixture
+def client(served: TestClient) -> TestClient:
+    return served  # the session's shared app (conftest.py): these tests only read
 
 
 def test_info_endpoints(client: TestClient) -> None:

@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 import sentencepiece as spm
+from fastapi.testclient import TestClient
 
 from model.checkpoint import LoadedModel
 from model.events import Hypothesis, TokenEvent
@@ -16,7 +17,7 @@ from model.search import generate
 from model.tokenizer import Tokenizer
 from server.plan import join, make_plan
 from server.stream import TextStream
-from tests.helpers import parse_sse, server_settings
+from tests.helpers import parse_sse
 from tests.tiny import corpus_lines
 
 UNK = 3
@@ -116,19 +117,15 @@ def test_the_engine_aligns_the_rows_that_replace_unknowns(tiny_loaded: LoadedMod
 
 
 @pytest.mark.parametrize("beam", [1, 2])
-def test_the_option_through_the_server_streams_what_it_answers(tiny_model_dir: Path, beam: int) -> None:
-    """`options.replace_unknowns` through the child-process server: the same text streamed and not, and the same as
-    without it (the tiny model spells unknown characters in bytes, so it never emits an unknown token)."""
-    from fastapi.testclient import TestClient
-
-    from server.app import create_app
-
+def test_the_option_through_the_server_streams_what_it_answers(served: TestClient, beam: int) -> None:
+    """`options.replace_unknowns` through the child-process server (the session's shared app): the same text
+    streamed and not, and the same as without it (the tiny model spells unknown characters in bytes, so it never
+    emits an unknown token)."""
     body = {"q": "Open the file. Save it now.", "source": "en", "target": "pt", "options": {"beam_size": beam}}
     on = {**body, "options": {"beam_size": beam, "replace_unknowns": True}}
-    with TestClient(create_app(server_settings(tiny_model_dir))) as client:
-        plain = client.post("/translate", json=body).json()["translatedText"]
-        answered = client.post("/translate", json=on)
-        streamed = parse_sse(client.post("/translate/stream", json=on).text)
+    plain = served.post("/translate", json=body).json()["translatedText"]
+    answered = served.post("/translate", json=on)
+    streamed = parse_sse(served.post("/translate/stream", json=on).text)
     assert plain and answered.status_code == 200 and answered.json()["translatedText"] == plain
     assert streamed[-1][1]["translatedText"] == plain
     pieces = "".join(data.get("token", {}).get("text", "") for event, data in streamed[:-1])
