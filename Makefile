@@ -7,7 +7,7 @@ TORCH ?= torch==2.13.0
 HOST ?= 127.0.0.1
 PORT ?= 8000
 
-.PHONY: setup test serve kernels lint bench corpus train clean
+.PHONY: setup test test-fast serve kernels lint bench corpus train clean
 
 setup: $(VENV)/.installed
 
@@ -20,6 +20,11 @@ $(VENV)/.installed: pyproject.toml
 
 test: setup
 	$(BIN)/python -m pytest
+
+# Everything but the slow tier (tests marked `slow`: browser, Prometheus, Redis, Ray, soak, full fuzz, training,
+# parity with other engines): for the edit-and-test loop; CI and `make test` run the whole suite.
+test-fast: setup
+	$(BIN)/python -m pytest -m "not slow"
 
 lint: setup
 	$(BIN)/ruff check .

@@ -27,6 +27,8 @@ from tests.helpers import bench_converter, to_ct2, translations, with_config
 from tests.tiny import corpus_lines
 
 ctranslate2 = pytest.importorskip("ctranslate2")
+
+pytestmark = pytest.mark.slow  # parity with CTranslate2, as argostranslate runs it
 FOLDER = "translate-en_pt-1_1"
 MAX_LEN = 100  # CTranslate2's default max_decoding_length (256) runs past the tiny model's 128 positions
 

@@ -12,6 +12,8 @@ import pytest
 
 from tests.helpers import write_corpus
 
+pytestmark = pytest.mark.slow  # training steps through the bench scripts
+
 ROOT = Path(__file__).resolve().parents[1]
 
 

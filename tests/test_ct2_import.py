@@ -24,6 +24,9 @@ from tests.helpers import MAX_LEN, build_hf_dir, load_hf, source_lines, to_ct2, 
 from tests.tiny import corpus_lines, tiny_config, tiny_model
 
 ctranslate2 = pytest.importorskip("ctranslate2")
+
+pytestmark = pytest.mark.slow  # parity with CTranslate2
+
 INFO = checkpoint.ModelInfo("ct2-en-pt", "en", "pt")
 
 

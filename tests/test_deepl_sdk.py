@@ -24,6 +24,8 @@ from server.app import create_app
 from tests.helpers import make_docx, relabelled, server_settings
 from tests.live import live_server
 
+pytestmark = pytest.mark.slow  # parity with a peer's SDK on a live server
+
 KEY = "sdk-key"
 TEXTS = ["Open the file.", "Save changes before closing the window."]
 

@@ -230,6 +230,7 @@ def _is_ready(port: int) -> bool:
         return False
 
 
+@pytest.mark.slow  # the image's start command run for real: the model loaded, a request, a drain
 def test_image_start_command_serves_and_drains_on_sigterm(tiny_model_dir: Path, tmp_path: Path) -> None:
     """ENTRYPOINT + CMD with the image's ENV, in a copy of its /app layout: ready, healthy, then a graceful drain."""
     app_dir = tmp_path / "app"  # the image's WORKDIR, with a model where the baked weights would be

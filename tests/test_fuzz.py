@@ -42,6 +42,8 @@ from server.text import Sentence, fit, split_html, split_text
 from tests.helpers import CHARS, identity, tags
 from tests.live import live_server
 
+pytestmark = pytest.mark.slow  # the full fuzz: schemathesis on a live server and hypothesis
+
 SEED = 8  # one seed for every generator here: the same cases on every run
 SCALE = int(os.environ.get("TOLK_FUZZ_SCALE", "1"))
 

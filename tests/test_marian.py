@@ -28,6 +28,8 @@ from tests.tiny import corpus_lines, tiny_config
 os.environ.setdefault("HF_HUB_OFFLINE", "1")  # everything is local: never wait for a hub
 transformers = pytest.importorskip("transformers", reason="transformers is not installed (pip install -e '.[dev]')")
 
+pytestmark = pytest.mark.slow  # parity with transformers, on Marian models trained here
+
 LOGITS_ATOL = 1e-4  # float32; on the CPU both sides run the same kernels and the measured difference is 0.0
 
 

@@ -53,6 +53,7 @@ def _translate(model_dir: Path, env: dict[str, str]) -> dict[str, object]:
     return json.loads(done.stdout.strip().splitlines()[-1])  # type: ignore[no-any-return]
 
 
+@pytest.mark.slow  # a real build with the C compiler, then two fresh processes
 @pytest.mark.skipif(shutil.which("cc") is None and shutil.which("gcc") is None, reason="no C compiler")
 def test_kernels_compiled_ahead_translate_as_the_jit_without_numba(tiny_model_dir: Path, tmp_path: Path) -> None:
     env = {**os.environ, "TOLK_KERNELS_DIR": str(tmp_path / "kernels"), "PYTHONPATH": str(ROOT)}

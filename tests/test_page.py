@@ -157,6 +157,7 @@ def _wait_until(condition: Any, seconds: float = 10) -> None:
         time.sleep(0.05)
 
 
+@pytest.mark.slow  # a browser
 def test_streams_the_translation_equal_to_post_translate(page: Any, base_url: str) -> None:
     assert page.input_value("#source") == "en" and page.input_value("#target") == "pt"
     assert page.locator("#source option:checked").inner_text() == "English"
@@ -181,6 +182,7 @@ def test_streams_the_translation_equal_to_post_translate(page: Any, base_url: st
     assert page.evaluate("navigator.clipboard.readText()") == expected
 
 
+@pytest.mark.slow  # a browser
 def test_stop_closes_the_stream_and_frees_the_rows(page: Any, base_url: str, monkeypatch: pytest.MonkeyPatch) -> None:
     # every decoder step waits a little, so the text cannot end before the stop however fast the machine decodes
     # (the compiled CPU step ran this tiny model's 24,000 steps in seconds, and the stop came too late)
@@ -219,6 +221,7 @@ def test_stop_closes_the_stream_and_frees_the_rows(page: Any, base_url: str, mon
     assert page.input_value("#output") == shown, "nothing arrives after the stop"
 
 
+@pytest.mark.slow  # a browser
 def test_errors_are_explained(page: Any) -> None:
     page.fill("#text", "Open the file. " * (MAX_CHARS // 15 + 1))
     assert "over the limit" in page.inner_text("#counter")
@@ -240,6 +243,7 @@ def test_errors_are_explained(page: Any) -> None:
     assert page.is_hidden("[role=alert]"), "a successful translation clears the message"
 
 
+@pytest.mark.slow  # a browser
 def test_a_document_is_translated_and_downloaded(page: Any, base_url: str) -> None:
     text = "Open the file.\nSave changes before closing."
     expected = _post(base_url + "/translate", {"q": text, "source": "en", "target": "pt"})["translatedText"]
@@ -262,6 +266,7 @@ def test_a_document_is_translated_and_downloaded(page: Any, base_url: str) -> No
     assert page.is_hidden("#file-link")
 
 
+@pytest.mark.slow  # a browser
 def test_detection_is_offered_and_the_detected_language_shown(browser: Any, tiny_model_dir: Path,
                                                                tmp_path: Path) -> None:
     """With two source languages the page offers detection, and says which language it found."""
@@ -286,6 +291,7 @@ def test_detection_is_offered_and_the_detected_language_shown(browser: Any, tiny
         context.close()
 
 
+@pytest.mark.slow  # a browser
 @pytest.mark.parametrize(("locale", "target"), [("en-US", "pt"), ("pt-BR", "en")])
 def test_a_first_visit_opens_on_a_target_the_visitor_wants(browser: Any, tiny_model_dir: Path, tmp_path: Path,
                                                            locale: str, target: str) -> None:
@@ -314,6 +320,7 @@ def test_a_first_visit_opens_on_a_target_the_visitor_wants(browser: Any, tiny_mo
         context.close()
 
 
+@pytest.mark.slow  # a browser
 def test_phone_sized_screenshot_is_not_blank(page: Any, tmp_path: Path) -> None:
     page.set_viewport_size({"width": 390, "height": 844})
     page.fill("#text", "Save changes before closing.")

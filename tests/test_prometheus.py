@@ -32,8 +32,9 @@ SCRAPE_S = 1
 # What Grafana puts in place of its variables: every instance and model, and a rate window of several scrapes.
 GRAFANA_VARIABLES = {"$instance": ".*", "$model": ".*", "$__rate_interval": "20s", "$__range": "5m"}
 
-pytestmark = pytest.mark.skipif(shutil.which("prometheus") is None,
-                                reason="needs Debian's prometheus package (.ci/run installs it)")
+pytestmark = [pytest.mark.slow,  # a real Prometheus
+              pytest.mark.skipif(shutil.which("prometheus") is None,
+                                 reason="needs Debian's prometheus package (.ci/run installs it)")]
 
 
 def panels(node: dict[str, Any]) -> Iterator[dict[str, Any]]:

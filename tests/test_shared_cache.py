@@ -19,8 +19,9 @@ from server.cache import cache_key
 from server.shared_cache import RedisCache, decode, encode, model_fingerprint
 from tests.helpers import HIT, app_client, free_port, metric, stream_with, translate_with
 
-pytestmark = pytest.mark.skipif(shutil.which("redis-server") is None, reason="needs redis-server (Debian's "
-                                "redis-server package; .ci/run installs it)")
+pytestmark = [pytest.mark.slow,  # a real redis-server
+              pytest.mark.skipif(shutil.which("redis-server") is None, reason="needs redis-server (Debian's "
+                                 "redis-server package; .ci/run installs it)")]
 
 ERROR = 'tolk_translation_cache_total{model="tiny-en-pt",result="error"}'
 

@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from model import checkpoint
@@ -22,6 +23,8 @@ from server.jobs import Job
 from server.scheduler import Scheduler
 from tests.helpers import batcher_of, idle, server_settings, wait_for
 from tests.live import live_server
+
+pytestmark = pytest.mark.slow  # the bounded soak: many clients on a real socket
 
 CLIENTS = 48
 ROUNDS = 8

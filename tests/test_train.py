@@ -19,6 +19,8 @@ from model.search import greedy
 from model.transformer import Transformer
 from tests.helpers import write_corpus
 
+pytestmark = pytest.mark.slow  # training runs
+
 TEXTS = ["Open the file.", "Save changes before closing the window.", "Disk full."]
 
 

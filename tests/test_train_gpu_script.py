@@ -8,8 +8,12 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from model import checkpoint
 from tests.helpers import trained_copy, write_corpus
+
+pytestmark = pytest.mark.slow  # bench/gpu/train.py's training end to end
 
 REPO = Path(__file__).resolve().parents[1]
 SCRIPT = REPO / "bench" / "gpu" / "train.py"

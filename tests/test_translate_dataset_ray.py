@@ -33,6 +33,8 @@ from tests.helpers import (  # noqa: E402
     write_input,
 )
 
+pytestmark = pytest.mark.slow  # a Ray cluster started here
+
 # Holds a Ray head of two CPUs for the module; SIGTERM shuts it down (and a SIGKILL takes Ray's processes with it:
 # they share the fate of the process that started them)
 HEAD = """
