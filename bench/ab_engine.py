@@ -29,11 +29,17 @@ from int8_products import cpu_flags
 ROOT = Path(__file__).resolve().parents[1]
 
 # One timed run in a fresh process: prints "seconds tokens". argv: tree, model, sentences, n, threads, dtype, batch,
-# beam. `model` first: its OpenMP default holds only if set before torch loads (model/__init__.py).
+# beam. The server's process settings before torch loads (model/runtime.py; a tree from before it made them when
+# `model` was imported).
 RUN = """
 import sys, time
 sys.path.insert(0, sys.argv[1])
 import model
+try:
+    from model import runtime
+    runtime.configure()
+except ImportError:
+    pass
 import torch
 from pathlib import Path
 from model import checkpoint

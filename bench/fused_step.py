@@ -26,13 +26,16 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-# model first: its default for torch's OpenMP holds only if set before torch loads (model/__init__.py)
-from model import checkpoint  # noqa: E402, I001
+# the server's process settings, which hold only if made before torch loads (model/runtime.py)
+from model import runtime  # noqa: E402, I001
+runtime.configure()
 import torch  # noqa: E402
+from int8_products import cpu_flags  # noqa: E402
+
+from model import checkpoint  # noqa: E402
 from model.decode import DecodeBatch  # noqa: E402
 from model.generation import GenerationConfig  # noqa: E402
 from model.search import generate  # noqa: E402
-from int8_products import cpu_flags  # noqa: E402
 
 ROWS = (1, 2, 4, 8, 16, 32, 64, 128)
 

@@ -1,8 +1,10 @@
-"""The offline engine with torch imported before and after Tolk's model package, in fresh processes, alternating.
+"""The offline engine with torch imported before and after the server's process settings, in fresh processes,
+alternating.
 
-libgomp reads GOMP_SPINCOUNT once, when torch loads it; model/__init__.py sets 10,000 only if torch is not loaded
-yet. Each round runs two child processes with GOMP_SPINCOUNT unset: one imports torch first (libgomp's default,
-300,000: torch's threads spin after each parallel region), the other imports model first. Each decodes the same
+libgomp reads GOMP_SPINCOUNT once, when torch loads it; `model.runtime.configure` sets 10,000 (as the server does
+at start), which holds only if torch is not loaded yet. Each round runs two child processes with GOMP_SPINCOUNT
+unset: one imports torch first (libgomp's default, 300,000: torch's threads spin after each parallel region), the
+other makes the settings first. Each decodes the same
 test sentences one at a time (float32, greedy, no scores, as `bench/engines.py`'s Tolk worker), after an untimed
 pass. Prints a table and writes JSON. Never run by the test suite.
 
@@ -25,12 +27,17 @@ ROOT = Path(__file__).resolve().parents[1]
 
 CHILD = """
 import sys, time
+import warnings
+warnings.simplefilter("ignore")  # the torch-first child's warning is what it measures
 if sys.argv[1] == "torch-first":
     import torch
-    from model import checkpoint
+    from model import runtime
+    runtime.configure()
 else:
-    from model import checkpoint
+    from model import runtime
+    runtime.configure()
     import torch
+from model import checkpoint
 from model.generation import GenerationConfig
 from model.search import generate
 torch.set_num_threads(int(sys.argv[3]))

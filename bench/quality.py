@@ -14,9 +14,12 @@ import time
 from dataclasses import asdict
 from pathlib import Path
 
-from model import checkpoint  # torch after model: model/__init__.py sets OpenMP's spin only before torch loads
-from model.data.distill import teacher
-from model.evaluate import score, translate_lines
+from model import runtime
+
+runtime.configure()  # the server's process settings, before torch loads (model/runtime.py)
+from model import checkpoint  # noqa: E402
+from model.data.distill import teacher  # noqa: E402
+from model.evaluate import score, translate_lines  # noqa: E402
 
 
 def run_tolk(spec: str, src: list[str], beam: int | None, threads: int) -> tuple[list[str], float, str]:

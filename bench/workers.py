@@ -24,7 +24,7 @@ from typing import Any, Protocol
 
 import torch
 
-from model import checkpoint
+from model import checkpoint, runtime
 from model.decode import DecodeBatch
 from model.generation import GenerationConfig
 from model.marian_format import spm_pieces
@@ -106,7 +106,8 @@ class TolkEngine:
     def __init__(self, spec: EngineSpec) -> None:
         torch.set_num_threads(spec.threads)
         self.device = spec.device
-        # keep_modules=False: the weights once, in the network that decodes, as the server holds them
+        # keep_modules=False: the weights once, in the network that decodes, as the server holds them; its heap too
+        runtime.manage_heap()
         loaded = checkpoint.load(spec.tolk_dir, device=spec.device, dtype=engine_kind(spec.name, spec.device)[1],
                                  keep_modules=False)
         self.net = loaded.net
@@ -242,7 +243,7 @@ def answer(engine: Engine, job: Job, reset: bool, kind: str, device: str) -> Res
     if reset:  # each configuration's peak from the memory the process holds, not what the last one freed
         if isinstance(engine, TolkEngine):  # nor the batch the last configuration's calls kept (`generate`)
             release_batch(engine.net)
-        checkpoint.trim_heap()  # (glibc keeps freed heap: the server's scheduler trims it when idle, as here)
+        runtime.trim_heap()  # (glibc keeps freed heap: the server's scheduler trims it when idle, as here)
         reset_peak()
         gpu_peak_mb(kind, device, reset=True)
     inputs = engine.encode(job.sources)

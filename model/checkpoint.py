@@ -13,15 +13,10 @@ A model directory holds:
 
 from __future__ import annotations
 
-import contextlib
-import ctypes
 import functools
-import gc
 import json
-import os
 import shutil
-import warnings
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
@@ -30,9 +25,8 @@ import torch
 from safetensors import safe_open
 from safetensors.torch import save_model
 from torch import Tensor, nn
-from torch.ao.nn.quantized.dynamic import Linear as QuantizedLinear
 
-from model import calibrate
+from model import calibrate, runtime, torch_ops
 from model.config import ModelConfig
 from model.frozen import FrozenTransformer, freeze
 from model.generation import GenerationConfig
@@ -119,12 +113,7 @@ def quantize_int8(model: M) -> M:
     On CPUs without fast bf16 this is the quickest precision (see bench/decode.py); its quality cost is
     measured on the test split in docs/benchmarks.md.
     """
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")  # deprecation notices of torch.ao's eager API; torchao succeeds it
-        # torch.ao leaves quantize_dynamic unannotated; it returns the model's own type, its linears replaced
-        quantized: M = torch.ao.quantization.quantize_dynamic(  # type: ignore[no-untyped-call]
-            model, {torch.nn.Linear}, dtype=torch.qint8)
-        return quantized
+    return torch_ops.quantize_dynamic(model)
 
 
 def read_meta(directory: Path | str) -> ModelMeta:
@@ -178,16 +167,14 @@ def release_linears(modules: Iterable[nn.Module]) -> None:
     for m in modules:
         if type(m) is nn.Linear:
             m.weight = nn.Parameter(m.weight.detach().new_empty(0), requires_grad=False)
-        elif isinstance(m, QuantizedLinear):  # int8: the frozen network packed its own copy of the int8 weights
+        elif isinstance(m, torch_ops.QuantizedLinear):  # int8: the frozen network packed its own copy of its weights
             m._packed_params.set_weight_bias(_empty_int8(), None)
 
 
 @functools.cache
 def _empty_int8() -> Tensor:
     """The int8 weight a released quantized linear keeps (fbgemm packs no 0-row matrix)."""
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")  # torch's notice that quantized tensors are deprecated
-        return torch.quantize_per_tensor(torch.zeros(1, 1), 1.0, 0, torch.qint8)
+    return torch_ops.per_tensor_int8(torch.zeros(1, 1), 1.0, 0)
 
 
 def release_linear_weights(model: Transformer, net: FrozenTransformer | None = None) -> None:
@@ -206,75 +193,6 @@ def release_linear_weights(model: Transformer, net: FrozenTransformer | None = N
     for m, table in ((model.src_embed, net.src_table), (model.tgt_embed, net.tgt_table)):
         if not isinstance(table, torch.Tensor):  # kept by the network its own way (in int8, or the fused step's)
             m.weight = nn.Parameter(m.weight.detach().new_empty(0), requires_grad=False)
-
-
-def return_freed_memory() -> None:
-    """Hand the memory that loading freed back to the operating system. glibc keeps freed heap for reuse, so the
-    float32 weights that quantizing or prepacking replaced stayed resident: on an OPUS-MT-size model, int8, about
-    375 MB of 600 (ad hoc, /proc/self/status). Nothing happens where the C library has no malloc_trim."""
-    gc.collect()
-    trim_heap()
-
-
-MMAP_THRESHOLD = 4 << 20  # `settle_heap`'s default (TOLK_MMAP_THRESHOLD)
-LOAD_MMAP_THRESHOLD = 128 << 10  # `loading_heap`'s: glibc's own starting value, held fixed while a model loads
-M_MMAP_THRESHOLD = -3  # mallopt's parameter (glibc's malloc.h)
-
-
-def _mmap_threshold(value: int) -> None:
-    """Fix glibc's mmap threshold at `value` bytes, unless MALLOC_MMAP_THRESHOLD_ in the environment (which glibc
-    has read already) or TOLK_MMAP_THRESHOLD=0 keeps glibc's own. Nothing happens where the C library has no
-    mallopt."""
-    if "MALLOC_MMAP_THRESHOLD_" in os.environ or int(os.environ.get("TOLK_MMAP_THRESHOLD", MMAP_THRESHOLD)) <= 0:
-        return
-    try:
-        mallopt = ctypes.CDLL(None).mallopt
-    except (OSError, AttributeError):
-        return
-    mallopt(M_MMAP_THRESHOLD, value)
-
-
-def settle_heap() -> None:
-    """Fix glibc's mmap threshold at 4 MB (TOLK_MMAP_THRESHOLD bytes; 0 keeps glibc's own), once a CPU model is
-    loaded: a batch's large blocks (encoder activations, cross K/V, its self-attention cache) then come from mmap
-    and go back to the system when freed. glibc otherwise raises the threshold to the size of each mapped block
-    freed, up to 32 MB, after which such blocks come from its heap and stay there: a greedy batch of 32 on the OPUS-MT
-    geometry, float32, took its process 141 MB over the loaded model, 83 MB with the threshold fixed at 1 MB and 107
-    at 4 MB (ad hoc, VmHWM over three or four batches). What a decoder step writes anew every time is kept in buffers
-    (`KVCache.scratch`, the int8 sums in their outputs' memory), so no fused step maps or faults in memory; 4 MB
-    rather than 1 leaves the operator step's own per-step arrays in the heap (the shipped model's logits at 128 rows,
-    4.1 MB: float32 beam 4 at 32 sentences ran 0.90x the speed before at 1 MB, 1.01x at 4)."""
-    _mmap_threshold(int(os.environ.get("TOLK_MMAP_THRESHOLD", MMAP_THRESHOLD)))
-
-
-@contextlib.contextmanager
-def loading_heap(device: torch.device) -> Iterator[None]:
-    """While a model loads onto the CPU, blocks of 128 KB and more come from mmap (`LOAD_MMAP_THRESHOLD`), and
-    `settle_heap` follows. Loading frees float32 weights as their quantized or prepacked copies are made, between
-    blocks that stay: from the heap, they left it full of holes (an OPUS-MT model in int8: 303 MB of heap, 142 of
-    them free). Trimming hands those pages back, but decoding then allocates across the holes and faults them in
-    again: beam 4 on one sentence, 64 tokens, took the process 30-35 MB over the loaded model, where it takes 6-8
-    with the holes gone (ad hoc, mallinfo2 and /proc/self/statm)."""
-    if device.type != "cpu":
-        yield
-        return
-    _mmap_threshold(LOAD_MMAP_THRESHOLD)
-    try:
-        yield
-    finally:
-        settle_heap()
-
-
-def trim_heap() -> None:
-    """Hand the C heap's free memory back to the operating system (glibc's malloc_trim; nothing elsewhere). After a
-    burst of large batches, glibc keeps what their buffers freed for reuse: on an OPUS-MT-size model, int8, a
-    process that had decoded 32 sentences stayed about 95 MB higher until trimmed (ad hoc, /proc/self/status). The
-    pages are faulted in again when used, so this is for idle moments (the server's scheduler, idle half a second)."""
-    try:
-        trim = ctypes.CDLL(None).malloc_trim
-    except (OSError, AttributeError):
-        return
-    trim(0)
 
 
 def int8_arithmetic(directory: Path, int8: str = "auto") -> str:
@@ -307,9 +225,9 @@ def load(directory: Path | str, device: str = "auto", dtype: str = "float32",
         raise ValueError(f"dtype {dtype!r} runs on the CPU only")
     meta = read_meta(directory)
     arithmetic = int8_arithmetic(meta.path, int8) if dtype == "int8" else None
-    with loading_heap(dev):
+    with runtime.loading_heap(dev):
         model, net, parameters = _build(meta, dev, dtype, arithmetic, keep_modules)
-        return_freed_memory()
+        runtime.return_freed_memory()
     return LoadedModel(meta.path, meta.info, model, meta.tokenizer, meta.generation, dtype, parameters, net,
                        arithmetic)
 

@@ -29,12 +29,12 @@ from typing import TYPE_CHECKING, Any, cast
 import numpy as np
 import torch
 from torch import Tensor
-from torch.ao.nn.quantized.dynamic import Linear as QuantizedLinear
 
 from model.fused_step import MAX_WEIGHT_BYTES, _weights, at_once, input_ranges
 from model.kernels import ACTIVATIONS, INT8_DOT, encode_parts, encoder_shared_size, pack_weights, weight_sums
 from model.kernels import encode as _encode
 from model.native import Bound
+from model.torch_ops import QuantizedLinear
 
 if TYPE_CHECKING:
     from model.frozen import FrozenTransformer

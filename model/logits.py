@@ -91,7 +91,7 @@ ONE_THREAD_MAX = 1 << 17  # `log_softmax`: up to this many logits, on the callin
 def log_softmax(logits: Tensor, out: Tensor | None = None) -> Tensor:
     """torch's log-softmax of a step's logits (the general way's numbers, bit for bit), on this thread alone up to
     `ONE_THREAD_MAX` logits. A parallel region leaves torch's OpenMP threads spinning (GOMP_SPINCOUNT,
-    model/__init__.py), and on two cores the spinning thread took the core of the fused step's helper thread: the
+    model/runtime.py), and on two cores the spinning thread took the core of the fused step's helper thread: the
     shipped model's next step of 4 rows took 0.50 against 0.27 ms (ad hoc). Larger batches keep the threads: their
     step is long, and the log-softmax on one thread would cost more than the spin. `out`: a tensor of the logits'
     shape to write into (`KVCache.scratch`), else a new one."""

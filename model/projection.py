@@ -9,7 +9,6 @@ modules) the same structure through F.linear or the quantized modules. model/fro
 from __future__ import annotations
 
 import functools
-import warnings
 from collections.abc import Sequence
 from typing import Any, cast
 
@@ -17,9 +16,10 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
-from torch.ao.nn.quantized.dynamic import Linear as QuantizedLinear
 
+from model import torch_ops as ops
 from model.layers import ACTIVATION_FUNCTIONS
+from model.torch_ops import QuantizedLinear, int8_weight_bias
 
 # oneDNN post-op (attr, algorithm) computing each activation exactly as ACTIVATION_FUNCTIONS does (gelu: erf)
 ONEDNN_ACTIVATIONS = {"relu": ("relu", ""), "gelu": ("gelu", "none"), "swish": ("swish", "")}
@@ -31,14 +31,7 @@ ONE_ROW_PLAIN_MAX = 1 << 19
 
 def onednn_usable(weight: Tensor) -> bool:
     """Products with this weight can run through prepacked oneDNN: float32 on the CPU, in a build that has it."""
-    built = bool(torch.backends.mkldnn.is_available())  # type: ignore[no-untyped-call]  # unannotated in torch
-    return (weight.device.type == "cpu" and weight.dtype == torch.float32 and built
-            and bool(torch.backends.mkldnn.enabled))
-
-
-def int8_weight_bias(m: QuantizedLinear) -> tuple[Tensor, Tensor | None]:
-    """A dynamically quantized linear's int8 weight and float bias."""
-    return m.weight(), m.bias()  # type: ignore[no-untyped-call]  # torch.ao leaves these accessors unannotated
+    return weight.device.type == "cpu" and weight.dtype == torch.float32 and ops.onednn_available()
 
 
 def stacked_bias(linears: Sequence[nn.Linear] | Sequence[QuantizedLinear]) -> Tensor | None:
@@ -61,8 +54,8 @@ def stacked_int8(linears: Sequence[QuantizedLinear], bias: Tensor | None) -> Any
     ints = torch.cat([w.int_repr() for w in weights])
     scales = torch.cat([torch.full((w.shape[0],), w.q_scale(), dtype=torch.double) for w in weights])
     zero_points = torch.cat([torch.full((w.shape[0],), w.q_zero_point(), dtype=torch.long) for w in weights])
-    weight = torch._make_per_channel_quantized_tensor(ints, scales, zero_points, 0)
-    return torch.ops.quantized.linear_prepack(weight, bias if bias is not None else stacked_bias(linears))
+    weight = ops.per_channel_int8(ints, scales, zero_points)
+    return ops.linear_prepack(weight, bias if bias is not None else stacked_bias(linears))
 
 
 class Projection:
@@ -128,14 +121,14 @@ class Projection:
             if weight.device.type != "cpu" or weight.dtype != torch.float32:
                 raise ValueError("float16 weights with float32 arithmetic run on the CPU, from float32 weights")
             rounded = weight.half().float()  # the one-row product below reads the same numbers
-            self.half = torch.ops.quantized.linear_prepack_fp16(rounded, self.bias)
+            self.half = ops.linear_prepack_fp16(rounded, self.bias)
             if rounded.numel() <= ONE_ROW_PLAIN_MAX:
                 self.one_row = rounded.t().contiguous()
             return
         self.onednn = prepack and onednn_usable(weight)
         if self.onednn and weight.numel() <= ONE_ROW_PLAIN_MAX:
             self.one_row = weight.t().contiguous()
-        self.weight = torch.ops.mkldnn._reorder_linear_weight(weight, None) if self.onednn else weight
+        self.weight = ops.onednn_reorder(weight, None) if self.onednn else weight
 
     def release(self) -> None:
         """Drop this product's weights (the network's fused step holds its own copy and takes its steps): it cannot
@@ -171,19 +164,19 @@ class Projection:
             return y if residual is None else y + residual
         if self.onednn:
             if residual is not None and self.act is None:
-                fused = torch.ops.mkldnn._linear_pointwise.binary(x, residual, self.weight, self.bias, "add")
+                fused = ops.onednn_linear_add(x, residual, self.weight, self.bias, "add")
                 return cast(Tensor, fused)
             attr, algorithm = self.post_op
-            y = torch.ops.mkldnn._linear_pointwise(x, self.weight, self.bias, attr, [], algorithm)
+            y = ops.onednn_linear(x, self.weight, self.bias, attr, [], algorithm)
         else:
             if self.half is not None:
                 flat = x.reshape(-1, x.shape[-1])
-                y = torch.ops.quantized.linear_dynamic_fp16(flat, self.half).view(*x.shape[:-1], -1)
+                y = ops.linear_dynamic_fp16(flat, self.half).view(*x.shape[:-1], -1)
             elif self.static is not None:
                 scale, zero_point = self.static
-                y = torch.ops.quantized.linear_with_input_q_dq_qweight_dq_output_fp32(x, scale, zero_point, self.int8)
+                y = ops.linear_fixed_range(x, scale, zero_point, self.int8)
             elif self.int8 is not None:
-                y = torch.ops.quantized.linear_dynamic(x, self.int8, True)  # reduce_range, as the modules do
+                y = ops.linear_dynamic(x, self.int8, True)  # reduce_range, as the modules do
             else:
                 y = F.linear(x, cast(Tensor, self.weight), self.bias)
             y = self.act(y) if self.act is not None else y
@@ -209,16 +202,14 @@ class Rows8:
         if weight.device.type != "cpu":
             raise ValueError("int8 with a scale per row runs on the CPU")
         self.scale_rows, self.unscale_rows = scale_rows, unscale_rows
-        self.product = torch.ops.quantized.linear_with_input_q_dq_qweight_dq_output_fp32
+        self.product = ops.linear_fixed_range
         q, scale = quantize_rows(weight.detach().float().numpy())
         self.bias = (bias.detach().float().numpy().copy() if bias is not None
                      else np.zeros(q.shape[0], np.float32))
         self.act = ACTIVATIONS[activation]
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")  # torch's notice that quantized tensors are deprecated
-            w = torch._make_per_channel_quantized_tensor(torch.from_numpy(q), torch.from_numpy(scale).double(),
-                                                         torch.zeros(len(q), dtype=torch.long), 0)
-        self.packed = torch.ops.quantized.linear_prepack(w, None)
+        w = ops.per_channel_int8(torch.from_numpy(q), torch.from_numpy(scale).double(),
+                                 torch.zeros(len(q), dtype=torch.long))
+        self.packed = ops.linear_prepack(w, None)
 
     def __call__(self, x: Tensor) -> Tensor:
         flat = np.ascontiguousarray(x.reshape(-1, x.shape[-1]).numpy())

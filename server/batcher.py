@@ -39,7 +39,7 @@ from typing import cast
 
 import torch
 
-from model import checkpoint
+from model import runtime
 from model.decode import DecodeBatch, Encoded
 from model.events import Event, TokenEvent
 from model.frozen import FrozenTransformer
@@ -236,7 +236,7 @@ class Batcher:
                 if not block:
                     return None
             if self.batch is None or not len(self.batch):
-                checkpoint.trim_heap()  # idle half a second, as below
+                runtime.trim_heap()  # idle half a second, as below
             return self._inbox.get()  # (`stop` puts a Stop here)
         try:
             return self._inbox.get_nowait()  # (`stop` puts a Stop here)
@@ -250,7 +250,7 @@ class Batcher:
                 if not trimmed and (self.batch is None or not len(self.batch)):
                     # idle half a second: hand back what the last burst's buffers freed (glibc keeps it)
                     trimmed = True
-                    checkpoint.trim_heap()
+                    runtime.trim_heap()
             return cast(Command, self._commands.recv())
         except (EOFError, OSError):  # the server went away
             return Stop()

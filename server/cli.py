@@ -18,6 +18,8 @@ from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from model import runtime
+
 if TYPE_CHECKING:
     from server.settings import Settings
 
@@ -325,6 +327,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    runtime.configure()  # before the parser imports the recipes, and with them torch
     parser = build_parser()
     args = parser.parse_args(argv)
     run: Run | None = getattr(args, "handler", None)

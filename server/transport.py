@@ -17,6 +17,7 @@ import time
 from multiprocessing.connection import Connection
 from typing import Protocol
 
+from model import runtime
 from model.checkpoint import LoadedModel, load
 from server.batcher import Batcher, Emit
 from server.messages import Command, Exited, Output, Ready, Stop, Target
@@ -174,6 +175,7 @@ def child_main(target: Target, settings: Settings, max_source_tokens: int, comma
         with send_lock:
             events.send(message)
 
+    runtime.manage_heap()  # the server's settings (server.cli.main), this process's own; the environment came along
     try:
         loaded = load(target.directory, device=target.device, dtype=target.dtype, keep_modules=False,
                       int8=target.int8)

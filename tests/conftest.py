@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-os.environ.setdefault("GOMP_SPINCOUNT", "10000")  # as model/__init__.py sets it, before torch loads libgomp
+os.environ.setdefault("GOMP_SPINCOUNT", "10000")  # as the server sets it (model/runtime.py), before torch loads libgomp
 import torch  # noqa: E402
 
 # The suite runs the kernels through numba's JIT, whatever extension this machine has built

@@ -1,4 +1,4 @@
-"""model/__init__.py sets libgomp's spin count before torch loads it, and warns when torch was loaded first."""
+"""Process-wide settings are the server's to make at its start (model/runtime.py), not a side effect of importing."""
 
 from __future__ import annotations
 
@@ -16,11 +16,30 @@ def imported(code: str, **env: str) -> subprocess.CompletedProcess[str]:
                           env={**clean, **env})
 
 
-def test_torch_loaded_before_model_warns_and_the_spin_count_is_set_otherwise() -> None:
-    first = imported("import model, torch, os; print(os.environ['GOMP_SPINCOUNT'])")
+def test_importing_and_loading_change_no_process_setting() -> None:
+    plain = imported("import os, model, torch, model.checkpoint, model.runtime as r; "
+                     "print(os.environ.get('GOMP_SPINCOUNT'), r._heap_managed)")
+    assert plain.returncode == 0, plain.stderr
+    assert plain.stdout.split() == ["None", "False"] and "RuntimeWarning" not in plain.stderr
+
+
+def test_configure_sets_the_spin_count_and_warns_when_torch_came_first() -> None:
+    first = imported("from model import runtime; runtime.configure(); import torch, os; "
+                     "print(os.environ['GOMP_SPINCOUNT'], runtime._heap_managed)")
     assert first.returncode == 0, first.stderr
-    assert first.stdout.strip() == "10000" and "RuntimeWarning" not in first.stderr
-    late = imported("import torch, model")
+    assert first.stdout.split() == ["10000", "True"] and "RuntimeWarning" not in first.stderr
+    late = imported("import torch; from model import runtime; runtime.configure()")
     assert late.returncode == 0 and "RuntimeWarning" in late.stderr and "GOMP_SPINCOUNT" in late.stderr
-    chosen = imported("import torch, model, os; print(os.environ['GOMP_SPINCOUNT'])", GOMP_SPINCOUNT="500")
+    chosen = imported("from model import runtime; runtime.configure(); import os; print(os.environ['GOMP_SPINCOUNT'])",
+                      GOMP_SPINCOUNT="500")
     assert chosen.stdout.strip() == "500" and "RuntimeWarning" not in chosen.stderr
+
+
+def test_the_server_makes_its_settings_before_torch_loads() -> None:
+    """`tolk` runs `runtime.configure` before its parser imports the recipes (and torch)."""
+    code = ("import sys, os; from server import cli; sys.argv = ['tolk', '--help']\n"
+            "try:\n    cli.main()\nexcept SystemExit:\n    pass\n"
+            "print('torch' in sys.modules, os.environ.get('GOMP_SPINCOUNT'))")
+    run = imported(code)
+    assert run.returncode == 0, run.stderr
+    assert run.stdout.split()[-2:] == ["True", "10000"] and "RuntimeWarning" not in run.stderr

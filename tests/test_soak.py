@@ -17,7 +17,7 @@ import httpx
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from model import checkpoint
+from model import runtime
 from server.app import create_app
 from server.jobs import Job
 from server.scheduler import Scheduler
@@ -144,7 +144,7 @@ def trimmed_rss_bytes() -> int:
     what a burst's buffers freed is not a leak, but how much of it glibc keeps depends on what ran before in the
     process (the whole suite once left 35.6 MiB, this file alone 4)."""
     gc.collect()
-    checkpoint.trim_heap()
+    runtime.trim_heap()
     return rss_bytes()
 
 
