@@ -13,7 +13,7 @@ where each thread reads its share of the weights alone. Either way each output i
 shares go to helper threads that wait for steps spinning (`Helpers`). Used for up to `FusedStep.max_rows` rows per
 torch thread, where it is faster than the operator-by-operator step; calibration keeps that step
 (`FrozenTransformer.decode_step`). The shares need the other cores idle: torch's OpenMP threads spin after each
-parallel operator for as long as libgomp's GOMP_SPINCOUNT says (model/__init__.py lowers its default).
+parallel operator for as long as libgomp's GOMP_SPINCOUNT says (model/runtime.py lowers its default).
 """
 
 from __future__ import annotations
@@ -25,12 +25,11 @@ import threading
 import weakref
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from typing import TYPE_CHECKING, Any, cast
+from typing import TYPE_CHECKING, Any, NamedTuple, cast
 
 import numpy as np
 import torch
 from torch import Tensor
-from torch.ao.nn.quantized.dynamic import Linear as QuantizedLinear
 
 from model.kernels import (
     ACTIVATIONS,
@@ -59,7 +58,8 @@ from model.kernels import (
 )
 from model.kernels import step as _step
 from model.native import Bound
-from model.projection import Int8Table, PackedTable, Rows8, int8_weight_bias, stacked_bias
+from model.projection import Int8Table, PackedTable, Rows8, stacked_bias
+from model.torch_ops import QuantizedLinear, int8_weight_bias
 
 if TYPE_CHECKING:
     from model.cache import KVCache
@@ -123,6 +123,59 @@ def input_ranges(projections: dict[str, Projection], per_layer: Sequence[str], l
 
 
 PRODUCTS = ("qkv", "o", "cross_q", "cross_o", "fc1", "fc2")
+
+
+class StepWeights(NamedTuple):
+    """`model.kernels.step`'s arguments after the cache's, by name: the helper threads read their shapes by name
+    (`step_worker`), so no reordering here can shift what they read. Each product (`PRODUCTS`, then the output
+    projection) is its weights, scales, bias, fixed input range and column sums (`_weights`, `input_ranges`)."""
+
+    table: np.ndarray
+    table_scale: np.ndarray
+    positions: np.ndarray
+    emb_scale: np.float32
+    norm_w: np.ndarray
+    norm_b: np.ndarray
+    eps: np.float32
+    pre: bool
+    final_w: np.ndarray
+    final_b: np.ndarray
+    act: int
+    w_qkv: np.ndarray
+    s_qkv: np.ndarray
+    b_qkv: np.ndarray
+    q_qkv: np.ndarray
+    c_qkv: np.ndarray
+    w_o: np.ndarray
+    s_o: np.ndarray
+    b_o: np.ndarray
+    q_o: np.ndarray
+    c_o: np.ndarray
+    w_cq: np.ndarray
+    s_cq: np.ndarray
+    b_cq: np.ndarray
+    q_cq: np.ndarray
+    c_cq: np.ndarray
+    w_co: np.ndarray
+    s_co: np.ndarray
+    b_co: np.ndarray
+    q_co: np.ndarray
+    c_co: np.ndarray
+    w_1: np.ndarray
+    s_1: np.ndarray
+    b_1: np.ndarray
+    q_1: np.ndarray
+    c_1: np.ndarray
+    w_2: np.ndarray
+    s_2: np.ndarray
+    b_2: np.ndarray
+    q_2: np.ndarray
+    c_2: np.ndarray
+    w_out: np.ndarray
+    s_out: np.ndarray
+    b_out: np.ndarray
+    q_out: np.ndarray
+    c_out: np.ndarray
 # Models whose decoder and output weights take more bytes than this (`FusedStep.large`) kept the operator step: before
 # the products were panels, reading the weights was the step's cost there and the operator step split it better over
 # the threads (on the OPUS-MT geometry in float32, 208 MB a step: 1.13x the fused step with 2 threads), and the fused
@@ -170,7 +223,7 @@ class Helpers:
 
     rounds = 200
 
-    def __init__(self, args: tuple[Any, ...], helpers: int) -> None:
+    def __init__(self, args: StepWeights, helpers: int) -> None:
         self.args, self.helpers, self.forks = args, helpers, _forks
         self.control = np.zeros(HELPER_SLOTS + PER_HELPER * helpers, np.int64)
         self.flags = np.zeros(helpers + 2, np.int64)  # each part's meetings, the stop sign (`_sync`)
@@ -205,13 +258,14 @@ class Helpers:
         """One step of ids.shape[0] rows: `runs` 1, cut into parts of every product; else into `runs` runs of rows.
         `mine(hi, parts, flags, shared)` computes the caller's share: part 0 of `parts`, or rows 0..hi-1."""
         B = ids.shape[0]
-        d_model, d_ff = views[2].shape[3] * views[2].shape[5], self.args[31].shape[1]
+        d_model, d_ff = self.args.positions.shape[1], self.args.w_1.shape[1]
         shared = np.empty(shared_size(B, d_model, d_ff) if runs == 1 else 0, np.float32)  # (runs of rows: unused)
         self.flags[:] = 0
         if self.failed is not None:  # (checked after the reset: a helper failing from now on raises its stop sign)
             raise RuntimeError("a fused step's helper thread failed") from self.failed
         with self.wake:
-            go = post_step(self.control, self.helpers, runs, ids, logits, *views, shared)  # type: ignore[call-arg]
+            go = post_step(self.control, self.helpers, runs, ids, logits, *views, shared,  # type: ignore[call-arg]
+                           self.args)
             if any(self.sleeping):
                 self.wake.notify_all()
         try:
@@ -282,7 +336,7 @@ class FusedStep:
             self.max_rows = self.max_rows_float32
         self.pre, self.act, self.eps = pre, act, eps
         self.usable: bool | None = None  # read from the products when first asked (`ready`)
-        self.args: tuple[Any, ...] | None = None  # `_step`'s arguments after the cache's, while usable
+        self.args: StepWeights | None = None  # `_step`'s arguments after the cache's, while usable
         self.bound: tuple[Bound, Bound] | None = None  # `_step` and `step_parts` with `args` bound (`native.Bound`)
         self.bound_greedy = Bound(greedy_steps, 6, (None,))  # `greedy_steps` with `args` (set with them)
         self.bound_posted = Bound(greedy_steps_posted, 6, (None,))  # `greedy_steps_posted` likewise
@@ -376,7 +430,7 @@ class FusedStep:
         a, L = self.arrays, self.net.cfg.decoder_layers
         H, Dh = self.net.cfg.n_heads, self.net.cfg.head_dim
         off = {name: np.zeros((L, 4), np.float32) for name in PRODUCTS} | {"out": np.zeros(4, np.float32)}
-        _step(np.zeros(1, np.int64), 0, np.zeros(1, np.int64), np.ones((1, 1), np.bool_),  # type: ignore[call-arg]
+        _step(np.zeros(1, np.int64), 0, np.zeros(1, np.int64), np.ones((1, 1), np.bool_),
               np.zeros((L, 2, 1, H, 2, Dh), np.float32), np.zeros((L, 2, 1, H, 1, Dh), np.float32),
               *self._args(off, np.float32(1.0)), np.empty((1, a["w_out"].shape[0]), np.float32),
               np.zeros((1, 1), np.float32))
@@ -406,7 +460,7 @@ class FusedStep:
         H, Dh = self.net.cfg.n_heads, self.net.cfg.head_dim
         off = {name: np.zeros((L, 4), np.float32) for name in PRODUCTS} | {"out": np.zeros(4, np.float32)}
         args = self._args(off, np.float32(1.0))
-        step_parts(np.zeros(1, np.int64), 0, np.zeros(1, np.int64), np.ones((1, 1), np.bool_),  # type: ignore[call-arg]
+        step_parts(np.zeros(1, np.int64), 0, np.zeros(1, np.int64), np.ones((1, 1), np.bool_),
                    np.zeros((L, 2, 1, H, 2, Dh), np.float32), np.zeros((L, 2, 1, H, 1, Dh), np.float32), *args,
                    np.empty((1, a["w_out"].shape[0]), np.float32), np.zeros((1, 1), np.float32), 0, 1,
                    np.zeros(2, np.int64), self._shared(1))
@@ -451,13 +505,13 @@ class FusedStep:
                 self.bound_banned = Bound(banned_step, 5, (self.args,))
         return self.usable
 
-    def _args(self, quant: dict[str, np.ndarray], emb_scale: np.float32) -> tuple[Any, ...]:
+    def _args(self, quant: dict[str, np.ndarray], emb_scale: np.float32) -> StepWeights:
         """`_step`'s arguments after the cache's: the weights, settings and input ranges, built once."""
         a = self.arrays
         products = [x for name in (*PRODUCTS, "out")
                     for x in (a[f"w_{name}"], a[f"s_{name}"], a[f"b_{name}"], quant[name], a[f"c_{name}"])]
-        return (a["table"], a["table_scale"], a["positions"], emb_scale, a["norm_w"], a["norm_b"],
-                np.float32(self.eps), self.pre, a["final_w"], a["final_b"], self.act, *products)
+        return StepWeights(a["table"], a["table_scale"], a["positions"], emb_scale, a["norm_w"], a["norm_b"],
+                           np.float32(self.eps), self.pre, a["final_w"], a["final_b"], self.act, *products)
 
     def __call__(self, tokens: Tensor, cache: KVCache, align: list[Tensor] | None = None,
                  out: Tensor | None = None) -> Tensor:

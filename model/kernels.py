@@ -699,7 +699,7 @@ def _rows_own(x, w, scale, bias, sums, act, y, j0, j1):  # type: ignore[no-untyp
         _round_into(x[r], a[r], xq[r])
     # the int32 sums in y's own memory, each read once where its float32 output is then written: a (B, N) array of
     # their own was 3.7 MB a step for 16 rows of an OPUS-MT output product, mapped anew each time under a fixed mmap
-    # threshold (`checkpoint.settle_heap`)
+    # threshold (`runtime.settle_heap`)
     dots = y.view(np.int32)
     if INT8_DOT and K % 32 == 0:
         _byte_dots_cols(xq, w, dots, j0, j1)
@@ -1274,10 +1274,12 @@ def post(control):  # type: ignore[no-untyped-def]  # pragma: no cover - compile
 
 
 @njit(nogil=True, cache=True)
-def post_step(control, helpers, runs, ids, logits, pos, mask, self_kv, cross_kv, shared):  # type: ignore[no-untyped-def]  # noqa: E501  # pragma: no cover
+def post_step(control, helpers, runs, ids, logits, pos, mask, self_kv, cross_kv, shared, args):  # type: ignore[no-untyped-def]  # noqa: E501  # pragma: no cover
     """Write a step of ids.shape[0] rows into control for the helpers and post it: runs 1, a step cut in
     helpers + 1 parts over the same rows (each helper its part, all of them `shared`); else `runs` runs of rows, the
-    caller's the first, helper w's the (w + 1)-th (none past the last). Returns the new GO."""
+    caller's the first, helper w's the (w + 1)-th (none past the last). Returns the new GO. Raises ValueError,
+    posting nothing, where an array does not have the layout the helpers will read it with (`_check_posted`)."""
+    _check_posted(ids, logits, pos, mask, self_kv, cross_kv, shared, args, runs == 1)
     B = ids.shape[0]
     control[IDS], control[LOGITS], control[SHARED] = ids.ctypes.data, logits.ctypes.data, shared.ctypes.data
     control[POS], control[MASK] = pos.ctypes.data, mask.ctypes.data
@@ -1293,6 +1295,32 @@ def post_step(control, helpers, runs, ids, logits, pos, mask, self_kv, cross_kv,
             lo, hi = min(B, B * w // runs), min(B, B * (w + 1) // runs) if w < runs else B
             control[at + R0], control[at + N], control[at + PART] = lo, hi - lo, 0
     return post(control)
+
+
+@njit(nogil=True, cache=True)
+def _cache_fits(kv, L, rows, D):  # type: ignore[no-untyped-def]  # pragma: no cover - compiled
+    """Whether a cache buffer is (L, 2, rows, H, positions, D // H)."""
+    return kv.shape[0] == L and kv.shape[1] == 2 and kv.shape[2] == rows and kv.shape[3] * kv.shape[5] == D
+
+
+@njit(nogil=True, cache=True)
+def _check_posted(ids, logits, pos, mask, self_kv, cross_kv, shared, args, cut):  # type: ignore[no-untyped-def]  # noqa: E501  # pragma: no cover
+    """Helpers rebuild the posted arrays from their addresses (`carray`), C-contiguous, with the shapes that the
+    cache and the weights `args` (`FusedStep`'s `StepWeights`) imply: anything else would be read as garbage, so it
+    is refused here, before it is posted."""
+    L, D, F, V = args.norm_w.shape[0], args.positions.shape[1], args.w_1.shape[1], args.w_out.shape[0]
+    B, rows, S = ids.shape[0], pos.shape[0], mask.shape[1]
+    for contiguous in (ids.flags.c_contiguous, logits.flags.c_contiguous, pos.flags.c_contiguous,
+                       mask.flags.c_contiguous, self_kv.flags.c_contiguous, cross_kv.flags.c_contiguous,
+                       shared.flags.c_contiguous):
+        if not contiguous:
+            raise ValueError("a posted step's array is not C-contiguous")
+    if logits.shape[0] != B or logits.shape[1] != V or rows < B or mask.shape[0] != rows:
+        raise ValueError("a posted step's ids, logits and rows disagree with the weights")
+    if not (_cache_fits(self_kv, L, rows, D) and _cache_fits(cross_kv, L, rows, D)):
+        raise ValueError("a posted step's cache disagrees with the weights")
+    if cross_kv.shape[4] != S or (cut and shared.shape[0] < shared_size(B, D, F)):
+        raise ValueError("a posted step's source mask or shared scratch is too small")
 
 
 @njit(nogil=True, cache=True)
@@ -1330,7 +1358,7 @@ def step_worker(control, w, rounds, flags, args):  # type: ignore[no-untyped-def
             _flag_store(control, at + DONE, go)
             return 1
         rows, S, T, H = control[ROWS], control[MAX_SRC], control[MAX_TGT], control[HEADS]
-        L, D, F, V = args[4].shape[0], args[2].shape[1], args[31].shape[1], args[41].shape[0]  # (FusedStep._args)
+        L, D, F, V = args.norm_w.shape[0], args.positions.shape[1], args.w_1.shape[1], args.w_out.shape[0]
         r0, n = control[at + R0], control[at + N]
         ids = carray(_pointer(control[IDS] + 8 * r0, i64), (n,))
         logits = carray(_pointer(control[LOGITS] + 4 * V * r0, f32), (n, V))
@@ -1340,10 +1368,10 @@ def step_worker(control, w, rounds, flags, args):  # type: ignore[no-untyped-def
         cross_kv = carray(_pointer(control[CROSS_KV], f32), (L, 2, rows, H, S, D // H))
         parts = control[PARTS]
         if parts == 1:
-            step(ids, r0, pos, mask, self_kv, cross_kv, *args, logits, np.empty((0, 0), np.float32))
+            step(ids, r0, pos, mask, self_kv, cross_kv, *args[:], logits, np.empty((0, 0), np.float32))
         else:
             shared = carray(_pointer(control[SHARED], f32), (shared_size(n, D, F),))
-            step_parts(ids, r0, pos, mask, self_kv, cross_kv, *args, logits, np.empty((0, 0), np.float32),
+            step_parts(ids, r0, pos, mask, self_kv, cross_kv, *args[:], logits, np.empty((0, 0), np.float32),
                        control[at + PART], parts, flags, shared)
         _flag_store(control, at + DONE, go)
 
@@ -1357,16 +1385,16 @@ def posted_step(ids, pos, mask, self_kv, cross_kv, args, logits, control, helper
     steps (HOLD). False where a helper failed (the stop sign flags[-1])."""
     none = np.empty((0, 0), np.float32)
     if helpers == 0:
-        step(ids, 0, pos, mask, self_kv, cross_kv, *args, logits, none)  # type: ignore[call-arg]
+        step(ids, 0, pos, mask, self_kv, cross_kv, *args[:], logits, none)  # type: ignore[call-arg]
         return True
     flags[:] = 0
-    go = post_step(control, helpers, runs, ids, logits, pos, mask, self_kv, cross_kv, shared)
+    go = post_step(control, helpers, runs, ids, logits, pos, mask, self_kv, cross_kv, shared, args)
     if runs == 1:
-        step_parts(ids, 0, pos, mask, self_kv, cross_kv, *args, logits, none,  # type: ignore[call-arg]
+        step_parts(ids, 0, pos, mask, self_kv, cross_kv, *args[:], logits, none,  # type: ignore[call-arg]
                    0, helpers + 1, flags, shared)
     else:
         hi = ids.shape[0] // runs
-        step(ids[:hi], 0, pos, mask, self_kv, cross_kv, *args, logits[:hi], none)  # type: ignore[call-arg]
+        step(ids[:hi], 0, pos, mask, self_kv, cross_kv, *args[:], logits[:hi], none)  # type: ignore[call-arg]
     wait_done(control, helpers, go)
     return flags[flags.shape[0] - 1] == 0
 
@@ -1384,7 +1412,7 @@ def greedy_steps(most, ids, pos, mask, self_kv, cross_kv, args, logits, banned, 
     none = np.empty((0, 0), np.float32)
     k = 0
     while k < most:
-        step(ids, 0, pos, mask, self_kv, cross_kv, *args, logits, none)  # type: ignore[call-arg]
+        step(ids, 0, pos, mask, self_kv, cross_kv, *args[:], logits, none)  # type: ignore[call-arg]
         k += 1
         if _chosen(logits, banned, eos, longs, cols, history, max_new, ids, out[k - 1]):
             return k

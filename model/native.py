@@ -96,7 +96,7 @@ def key(v: Any) -> Any:
     its flags; a scalar's type code (`_SCALARS`); a tuple's keys. Anything else: its Python type (never matched)."""
     if type(v) is np.ndarray:
         return (v.dtype.num, v.ndim, v.flags.num & FLAG_BITS)
-    if type(v) is tuple:
+    if isinstance(v, tuple):  # (a NamedTuple too: numba types it by its members)
         return tuple(map(key, v))
     return _SCALARS.get(type(v), type(v))
 

@@ -39,6 +39,9 @@ from model.kernels import (  # noqa: E402
     embed,
     pack_panels,
     pack_weights,
+    post_step,
+    shared_size,
+    wait_done,
     weight_sums,
 )
 from model.projection import Projection  # noqa: E402
@@ -532,9 +535,9 @@ def test_warming_the_parts_compiles_them_and_starts_no_thread() -> None:
     loop told to stop at once; no helper thread is started until a step is cut."""
     net = nets("int8", norm="pre", activation="relu")[0]
     assert net.fused is not None
-    before = threading.active_count()
+    before = set(threading.enumerate())  # (an earlier test's helpers may end meanwhile: only new ones count)
     net.warm_parts()
-    assert net.fused.hot is None and threading.active_count() == before
+    assert net.fused.hot is None and not set(threading.enumerate()) - before
 
 
 @pytest.mark.parametrize("dtype", ["float32", "rows8", "int8"])
@@ -661,7 +664,7 @@ def test_a_lean_load_never_packs_what_the_fused_parts_take(tiny_model_dir: Path,
 @pytest.mark.parametrize("dtype", ["float32", "int8"])
 def test_steps_write_into_the_caches_buffers_and_decode_step_returns_its_own(dtype: str) -> None:
     """A batch's steps hand back logits in the cache's scratch buffer (no (rows, V) array a step: glibc mapped one
-    anew every step under `checkpoint.settle_heap`'s threshold), while `decode_step` without `out` returns a tensor of
+    anew every step under `runtime.settle_heap`'s threshold), while `decode_step` without `out` returns a tensor of
     its own each call, so a caller that keeps one step's logits (tests/test_model.py stacks them) keeps them."""
     fused, _ = nets(dtype, norm="pre", activation="relu")
     batch = DecodeBatch(fused, 8, 12, 16)
@@ -680,3 +683,34 @@ def test_steps_write_into_the_caches_buffers_and_decode_step_returns_its_own(dty
         a = fused.decode_step(torch.tensor([1, 1]), cache)
         b = fused.decode_step(torch.tensor([5, 6]), cache)
         assert a.data_ptr() != b.data_ptr() and not torch.equal(a, b)
+
+
+def test_a_step_whose_arrays_the_helpers_would_misread_is_refused_before_it_is_posted() -> None:
+    """The helpers rebuild a posted step's arrays from raw addresses with the shapes the weights imply: logits of
+    another width, or a cache that is a strided view, would be read as garbage, so `post_step` refuses them with
+    ValueError before anything is posted; the same step with its own arrays is then posted as before."""
+    net, _ = nets("float32", norm="pre", activation="relu")
+    fused = net.fused
+    assert fused is not None and fused.ready() and fused.args is not None
+    batch = DecodeBatch(net, 8, 12, 16)
+    config = GenerationConfig(max_new_tokens=4)
+    with torch.inference_mode():
+        batch.admit([((0, i), s, config) for i, s in enumerate(SOURCE_IDS[:3])])
+    pos, mask, self_kv, cross_kv = batch.cache.host_views()
+    hot = fused._helpers(2)
+    ids, V = np.zeros(3, np.int64), fused.args.w_out.shape[0]
+    shared = np.empty(shared_size(3, fused.args.positions.shape[1], fused.args.w_1.shape[1]), np.float32)
+    strided = np.zeros((*self_kv.shape[:-1], self_kv.shape[-1] * 2), np.float32)[..., ::2]
+    wrong = [(np.zeros((3, V + 1), np.float32), self_kv), (np.zeros((3, V), np.float32), strided)]
+    for logits, kv in wrong:
+        go = hot.control[GO]
+        with pytest.raises(ValueError, match="posted step"):
+            post_step(hot.control, 1, 2, ids, logits, pos, mask, kv, cross_kv, shared, fused.args)
+        assert hot.control[GO] == go  # nothing posted
+    go = hot.control[GO]
+    # runs of rows (2): the helper's rows 1-2 on their own; the caller's row 0 is left alone here
+    assert post_step(hot.control, 1, 2, ids, np.zeros((3, V), np.float32), pos, mask, self_kv, cross_kv, shared,
+                     fused.args) == go + 1
+    wait_done(hot.control, 1, go + 1)
+    hot.stop()
+    fused.hot = None
