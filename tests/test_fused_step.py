@@ -708,9 +708,13 @@ def test_a_step_whose_arrays_the_helpers_would_misread_is_refused_before_it_is_p
             post_step(hot.control, 1, 2, ids, logits, pos, mask, kv, cross_kv, shared, fused.args)
         assert hot.control[GO] == go  # nothing posted
     go = hot.control[GO]
-    # runs of rows (2): the helper's rows 1-2 on their own; the caller's row 0 is left alone here
-    assert post_step(hot.control, 1, 2, ids, np.zeros((3, V), np.float32), pos, mask, self_kv, cross_kv, shared,
-                     fused.args) == go + 1
-    wait_done(hot.control, 1, go + 1)
+    hot.hold(True)  # the helper may have gone to sleep meanwhile (compiling the above): woken and kept awake
+    try:
+        # runs of rows (2): the helper's rows 1-2 on their own; the caller's row 0 is left alone here
+        assert post_step(hot.control, 1, 2, ids, np.zeros((3, V), np.float32), pos, mask, self_kv, cross_kv, shared,
+                         fused.args) == go + 1
+        wait_done(hot.control, 1, go + 1)
+    finally:
+        hot.hold(False)
     hot.stop()
     fused.hot = None
